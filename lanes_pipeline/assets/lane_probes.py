@@ -1,0 +1,41 @@
+"""One chat request to each lane per materialization: tokens/s and latency plotted over time in the UI,
+so a slower build, a changed flag or a bandwidth fight between the lanes shows up as a dip."""
+
+from __future__ import annotations
+
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+
+from lanes_pipeline.lanes.probe import ProbeResult, probe
+from lanes_pipeline.resources.cpu_lane import CpuLaneResource
+from lanes_pipeline.resources.gpu_lane import GpuLaneResource
+
+
+def _result(result: ProbeResult, url: str) -> MaterializeResult:
+    return MaterializeResult(
+        metadata={
+            "url": MetadataValue.url(url),
+            "model": result.model,
+            "answer": MetadataValue.md(f"```\n{result.answer}\n```"),
+            "generation_tokens_per_s": result.generation_tokens_per_s,
+            "prompt_tokens_per_s": result.prompt_tokens_per_s or 0.0,
+            "latency_s": result.latency_s,
+            "completion_tokens": result.completion_tokens,
+            "speed_source": result.speed_source,
+        }
+    )
+
+
+@asset(group_name="lanes", pool="cpu_lane", description="One chat request to the CPU lane: tok/s, latency.")
+def cpu_lane_probe(context: AssetExecutionContext, cpu_lane: CpuLaneResource) -> MaterializeResult:
+    with cpu_lane.client() as client:
+        result = probe(client, cpu_lane.model_alias)
+    context.log.info(f"CPU lane answered at {result.generation_tokens_per_s} tok/s: {result.answer[:80]!r}")
+    return _result(result, cpu_lane.url)
+
+
+@asset(group_name="lanes", pool="gpu_lane", description="One chat request to the GPU lane: tok/s, latency.")
+def gpu_lane_probe(context: AssetExecutionContext, gpu_lane: GpuLaneResource) -> MaterializeResult:
+    with gpu_lane.client() as client:
+        result = probe(client, gpu_lane.served_model_name)
+    context.log.info(f"GPU lane answered at {result.generation_tokens_per_s} tok/s: {result.answer[:80]!r}")
+    return _result(result, gpu_lane.url)

@@ -1,0 +1,42 @@
+"""`lanes serve cpu|gpu|all`: start the embedded (or check the external) lanes and keep them up until
+Ctrl-C or SIGTERM, then stop them cleanly."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import click
+
+from lanes_pipeline.lanes.embedded import LaneName, running_lanes
+from lanes_pipeline.lanes.errors import LaneError
+from lanes_pipeline.settings import ConfigError, load_settings
+
+WHICH: dict[str, tuple[LaneName, ...]] = {"cpu": ("cpu",), "gpu": ("gpu",), "all": ("cpu", "gpu")}
+
+
+@click.command()
+@click.argument("which", type=click.Choice(sorted(WHICH)), default="all")
+def serve(which: str) -> None:
+    """Start the lanes, print their URLs, and stop them on Ctrl-C / SIGTERM."""
+    # SIGTERM unwinds like Ctrl-C, also while a server is still starting, so running_lanes' cleanup
+    # stops every server it started: no orphans.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        settings = load_settings()
+        with running_lanes(settings, WHICH[which]) as endpoints:
+            for lane in WHICH[which]:
+                click.echo(f"{lane}_lane: {endpoints.url(lane)}", color=False)
+            click.echo("lanes are up; Ctrl-C stops them", err=True)
+            try:
+                threading.Event().wait()
+            except KeyboardInterrupt:
+                click.echo("stopping lanes...", err=True)
+    except KeyboardInterrupt:
+        click.echo("interrupted; lanes stopped", err=True)
+    except (ConfigError, LaneError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

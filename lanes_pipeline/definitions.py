@@ -1,0 +1,23 @@
+"""Assembles the code location: resources, assets, checks, jobs, schedules, sensors. Nothing else."""
+
+from __future__ import annotations
+
+from dagster import Definitions, load_assets_from_modules
+
+from lanes_pipeline.assets import lane_probes
+from lanes_pipeline.resources.cpu_lane import CpuLaneResource
+from lanes_pipeline.resources.gpu_lane import GpuLaneResource
+from lanes_pipeline.settings import Settings, load_settings
+
+
+def build_definitions(settings: Settings) -> Definitions:
+    return Definitions(
+        assets=load_assets_from_modules([lane_probes]),
+        resources={
+            "cpu_lane": CpuLaneResource.from_config(settings.lanes.cpu_lane),
+            "gpu_lane": GpuLaneResource.from_config(settings.lanes.gpu_lane),
+        },
+    )
+
+
+defs = build_definitions(load_settings())

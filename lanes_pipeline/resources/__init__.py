@@ -1,0 +1,1 @@
+"""Dagster resources, one per file: each wraps a lane client or the artifact store."""

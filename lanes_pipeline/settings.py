@@ -1,0 +1,381 @@
+"""Pydantic models for every file in `configs/`, and loading them with errors that name file, key and reason.
+
+Every model forbids unknown keys: a typo such as `max_lora_rnak` must fail loudly, not fall back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import date
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+EMBEDDED = "embedded"
+# vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+CONFIG_FILES = ("lanes.yaml", "models.yaml", "repos.yaml", "training.yaml", "pipeline.yaml")
+_ENV_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_base_url(value: str) -> str:
+    if value == EMBEDDED or re.match(r"^https?://[^/\s]+", value):
+        return value.rstrip("/")
+    raise ValueError(f"{value!r} is neither 'embedded' nor an http(s) URL")
+
+
+def _check_env_var_name(value: str | None) -> str | None:
+    if value is not None and not _ENV_VAR_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid environment variable name")
+    return value
+
+
+Port = Annotated[int, Field(ge=0, le=65535, description="0 picks a free port at start")]
+PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+class LaneConnection(StrictModel):
+    """What both lanes share: where the server is and how to authenticate."""
+
+    base_url: str = Field(EMBEDDED, description="'embedded' starts the bundled server; else its URL")
+    api_key_env: str | None = Field(None, description="name of the env var that holds the API key")
+    connect_timeout_s: PositiveSeconds = 10.0
+    request_timeout_s: PositiveSeconds = 600.0
+    ready_timeout_s: PositiveSeconds = 600.0
+
+    _base_url = field_validator("base_url")(_check_base_url)
+    _api_key_env = field_validator("api_key_env")(_check_env_var_name)
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.base_url == EMBEDDED
+
+    config_key: ClassVar[str] = "lane"
+
+    def api_key(self) -> str | None:
+        """The key from the environment; a named but unset variable is an error, not an anonymous call."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            reason = f"environment variable {self.api_key_env} is not set"
+            raise ConfigError([ConfigIssue("lanes.yaml", f"{self.config_key}.api_key_env", reason)])
+        return key
+
+
+class EmbeddedCpuServer(StrictModel):
+    port: Port = 8081
+    parallel: int = Field(2, ge=1, le=64, description="llama-server -np: slots")
+    ctx_size: int = Field(4096, ge=256, description="llama-server -c: context shared by all slots")
+    threads: int | None = Field(None, ge=1)
+
+
+class CpuLane(LaneConnection):
+    config_key: ClassVar[str] = "cpu_lane"
+    model: str = Field("smollm2-135m-instruct-q4_1", description="a name in models.yaml with lane: cpu")
+    model_alias: str = Field("smollm2", description="the served model name (llama-server -a)")
+    max_slots: int = Field(2, ge=1, le=256, description="cap on in-flight requests, under the server's slots")
+    embedded: EmbeddedCpuServer = EmbeddedCpuServer()
+
+
+class EmbeddedGpuServer(StrictModel):
+    port: Port = 8000
+    max_model_len: int = Field(2048, ge=128)
+    kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+
+
+class GpuLane(LaneConnection):
+    config_key: ClassVar[str] = "gpu_lane"
+    model: str = Field("smollm2-135m-instruct-hf", description="a name in models.yaml with lane: gpu")
+    served_model_name: str = Field("smollm2-hf", description="vLLM --served-model-name of the base model")
+    adapter_prefix: str = Field("lanes", pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    max_loras: int = Field(2, ge=1, le=64)
+    max_lora_rank: int = 16
+    embedded: EmbeddedGpuServer = EmbeddedGpuServer()
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _rank_allowed(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"{value} is not one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+        return value
+
+
+class LanesConfig(StrictModel):
+    cpu_lane: CpuLane = CpuLane()
+    gpu_lane: GpuLane = GpuLane()
+
+
+class ModelEntry(StrictModel):
+    name: str = Field(min_length=1)
+    params_b: float = Field(gt=0, description="total parameters, billions")
+    active_params_b: float | None = Field(None, gt=0, description="active parameters per token (MoE)")
+    arch: Literal["dense", "moe"]
+    quantization: str = Field(min_length=1, description="e.g. GGUF Q5_K_M, GGUF Q4_1, NVFP4, FP8, BF16")
+    lane: Literal["cpu", "gpu"]
+    path: str = Field(min_length=1, description="GGUF file or HF folder; 'embedded' for the bundled model")
+
+    @model_validator(mode="after")
+    def _moe_has_active_params(self) -> ModelEntry:
+        if self.arch == "moe" and self.active_params_b is None:
+            raise ValueError("a moe model needs active_params_b")
+        if self.active_params_b is not None and self.active_params_b > self.params_b:
+            raise ValueError(f"active_params_b {self.active_params_b} exceeds params_b {self.params_b}")
+        return self
+
+
+class ModelsConfig(StrictModel):
+    models: list[ModelEntry] = Field(min_length=1)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelEntry]) -> list[ModelEntry]:
+        seen: set[str] = set()
+        for entry in models:
+            if entry.name in seen:
+                raise ValueError(f"model name {entry.name!r} appears twice")
+            seen.add(entry.name)
+        return models
+
+    def get(self, name: str) -> ModelEntry:
+        return next(entry for entry in self.models if entry.name == name)
+
+
+class RepoEntry(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    path: str = Field(min_length=1, description="a local git checkout; relative paths are from the project")
+    branch: str = "HEAD"
+    include: list[str] = ["**/*.py"]
+    exclude: list[str] = []
+
+
+class ReposConfig(StrictModel):
+    repos: list[RepoEntry] = []
+
+
+class LoraSettings(StrictModel):
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1
+    )
+
+    @field_validator("r")
+    @classmethod
+    def _rank_allowed(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"{value} is not one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+        return value
+
+
+class TrainingConfig(StrictModel):
+    base_model_dir: str = Field(EMBEDDED, description="HF folder of the GPU lane's base model")
+    lora: LoraSettings = LoraSettings()
+    learning_rate: float = Field(2e-4, gt=0, lt=1)
+    max_steps: int | None = Field(30, ge=1)
+    epochs: float | None = Field(None, gt=0)
+    batch_size: int = Field(4, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    max_seq_len: int = Field(512, ge=32)
+    packing: bool = False
+    seed: int = 0
+    replay_window_days: int = Field(7, ge=1)
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainingConfig:
+        if (self.max_steps is None) == (self.epochs is None):
+            raise ValueError("set exactly one of max_steps and epochs")
+        return self
+
+
+class PipelineConfig(StrictModel):
+    start_date: date = date(2026, 11, 1)
+    timezone: str = "UTC"
+    schedule_hour: int = Field(4, ge=0, le=23)
+    schedule_minute: int = Field(0, ge=0, le=59)
+
+
+class ConfigIssue:
+    """One bad value: where it is and why it is wrong."""
+
+    def __init__(self, file: str, key: str, reason: str) -> None:
+        self.file, self.key, self.reason = file, key, reason
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key}: {self.reason}" if self.key else f"{self.file}: {self.reason}"
+
+    def __repr__(self) -> str:
+        return f"ConfigIssue({self!s})"
+
+
+class ConfigError(Exception):
+    """Every bad value found, not just the first: a user fixes them all in one pass."""
+
+    def __init__(self, issues: list[ConfigIssue]) -> None:
+        self.issues = issues
+        super().__init__("\n".join(map(str, issues)))
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _reason(error: Any) -> str:
+    kind, value = error["type"], error.get("input")
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "value_error":
+        return str(error["ctx"]["error"])
+    if kind in {"int_parsing", "int_type", "float_parsing", "float_type", "bool_parsing", "bool_type",
+                "string_type", "list_type", "date_from_datetime_parsing", "date_parsing", "model_type",
+                "int_from_float", "dict_type"}:
+        return f"{value!r} is not valid: {error['msg'].lower()}"
+    if kind == "literal_error":
+        return f"{value!r} is not one of {error['ctx']['expected'].replace(chr(39), '')}"
+    return f"{value!r}: {error['msg'].lower()}"
+
+
+def _file_issues(file: str, exc: ValidationError) -> list[ConfigIssue]:
+    issues = []
+    for error in exc.errors():
+        # Model validators report at the model's own location; pydantic marks nothing else on the loc.
+        loc = tuple(part for part in error["loc"] if part != "__root__")
+        issues.append(ConfigIssue(file, _key_path(loc), _reason(error)))
+    return issues
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All configuration, validated, plus the folders it lives in."""
+
+    config_dir: Path
+    lanes: LanesConfig
+    models: ModelsConfig
+    repos: ReposConfig
+    training: TrainingConfig
+    pipeline: PipelineConfig
+
+    @cached_property
+    def project_root(self) -> Path:
+        return project_root()
+
+    @cached_property
+    def data_dir(self) -> Path:
+        return data_dir()
+
+    def repo_path(self, repo: RepoEntry) -> Path:
+        path = Path(repo.path)
+        return path if path.is_absolute() else (self.project_root / path).resolve()
+
+
+def project_root() -> Path:
+    return Path(os.environ.get("LANES_PROJECT_ROOT", Path(__file__).resolve().parents[1]))
+
+
+def default_config_dir() -> Path:
+    return Path(os.environ.get("LANES_CONFIG_DIR", project_root() / "configs"))
+
+
+def data_dir() -> Path:
+    """Artifacts, engines, logs and converted models: one folder, ignored by git."""
+    return Path(os.environ.get("LANES_DATA_DIR", project_root() / "data"))
+
+
+_MODELS: dict[str, type[StrictModel]] = {
+    "lanes.yaml": LanesConfig,
+    "models.yaml": ModelsConfig,
+    "repos.yaml": ReposConfig,
+    "training.yaml": TrainingConfig,
+    "pipeline.yaml": PipelineConfig,
+}
+
+
+def _read_yaml(path: Path, label: str) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
+    if not path.exists():
+        return None, [ConfigIssue(label, "", "file not found")]
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        return None, [ConfigIssue(label, "", f"invalid YAML: {where}{problem}")]
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        return None, [ConfigIssue(label, "", f"top level must be a mapping, got {type(raw).__name__}")]
+    return raw, []
+
+
+def _cross_file_issues(labels: dict[str, str], parsed: dict[str, StrictModel]) -> list[ConfigIssue]:
+    lanes, models = parsed.get("lanes.yaml"), parsed.get("models.yaml")
+    if not isinstance(lanes, LanesConfig) or not isinstance(models, ModelsConfig):
+        return []
+    issues = []
+    by_name = {entry.name: entry for entry in models.models}
+    for lane_name, lane in (("cpu_lane", lanes.cpu_lane), ("gpu_lane", lanes.gpu_lane)):
+        entry = by_name.get(lane.model)
+        wanted = lane_name.removesuffix("_lane")
+        if entry is None:
+            reason = f"{lane.model!r} is not a model in {labels['models.yaml']}"
+            issues.append(ConfigIssue(labels["lanes.yaml"], f"{lane_name}.model", reason))
+        elif entry.lane != wanted:
+            reason = f"model {lane.model!r} is registered for the {entry.lane} lane, not {wanted}"
+            issues.append(ConfigIssue(labels["lanes.yaml"], f"{lane_name}.model", reason))
+    training = parsed.get("training.yaml")
+    if isinstance(training, TrainingConfig) and training.lora.r > lanes.gpu_lane.max_lora_rank:
+        reason = f"{training.lora.r} exceeds gpu_lane.max_lora_rank {lanes.gpu_lane.max_lora_rank} in lanes.yaml"
+        issues.append(ConfigIssue(labels["training.yaml"], "lora.r", reason))
+    return issues
+
+
+def load_settings(config_dir: Path | None = None) -> Settings:
+    """Load and validate every config file; raise ConfigError listing every problem found."""
+    config_dir = Path(config_dir) if config_dir is not None else default_config_dir()
+    labels = {name: _label(config_dir / name) for name in CONFIG_FILES}
+    parsed: dict[str, StrictModel] = {}
+    issues: list[ConfigIssue] = []
+    for name, model in _MODELS.items():
+        raw, read_issues = _read_yaml(config_dir / name, labels[name])
+        issues += read_issues
+        if raw is None:
+            continue
+        try:
+            parsed[name] = model.model_validate(raw)
+        except ValidationError as exc:
+            issues += _file_issues(labels[name], exc)
+    issues += _cross_file_issues(labels, parsed)
+    if issues:
+        raise ConfigError(issues)
+    return Settings(
+        config_dir=config_dir,
+        lanes=parsed["lanes.yaml"],  # type: ignore[arg-type]
+        models=parsed["models.yaml"],  # type: ignore[arg-type]
+        repos=parsed["repos.yaml"],  # type: ignore[arg-type]
+        training=parsed["training.yaml"],  # type: ignore[arg-type]
+        pipeline=parsed["pipeline.yaml"],  # type: ignore[arg-type]
+    )
+
+
+def _label(path: Path) -> str:
+    """Paths in messages as the user would type them: relative to the working folder when possible."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
