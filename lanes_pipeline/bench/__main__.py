@@ -1,0 +1,57 @@
+"""`python -m lanes_pipeline.bench [NAME ...]`: run the benchmarks, write a JSON and a Markdown report."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import platform
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import psutil
+
+from lanes_pipeline.settings import load_settings
+
+BENCHMARKS = ("cpu_lane", "gpu_lane")
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    lines = [f"# lanes_pipeline benchmarks ({report['started']})", "", f"Machine: {report['machine']}", ""]
+    for name, result in report["results"].items():
+        lines += [f"## {name}", ""]
+        summary = result.get("markdown")
+        if summary:
+            lines += [summary, ""]
+        else:
+            lines += ["```json", json.dumps(result, indent=2), "```", ""]
+    return "\n".join(lines)
+
+
+def main(names: list[str]) -> None:
+    settings = load_settings()
+    out_dir = settings.data_dir / "bench"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "results": {},
+    }
+    for name in names or BENCHMARKS:
+        try:
+            module = importlib.import_module(f"lanes_pipeline.bench.{name}")
+        except ModuleNotFoundError:
+            print(f"[bench] {name}: not present, skipped", file=sys.stderr)
+            continue
+        started = time.perf_counter()
+        report["results"][name] = module.run(settings)
+        report["results"][name]["wall_s"] = round(time.perf_counter() - started, 1)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / "report.md").write_text(_markdown(report))
+    print(f"[bench] wrote {out_dir / 'report.json'} and {out_dir / 'report.md'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
