@@ -242,13 +242,29 @@ def _reason(error: Any) -> str:
         return "required key is missing"
     if kind == "value_error":
         return str(error["ctx"]["error"])
-    if kind in {"int_parsing", "int_type", "float_parsing", "float_type", "bool_parsing", "bool_type",
-                "string_type", "list_type", "date_from_datetime_parsing", "date_parsing", "model_type",
-                "int_from_float", "dict_type"}:
-        return f"{value!r} is not valid: {error['msg'].lower()}"
+    if kind in {
+        "int_parsing",
+        "int_type",
+        "float_parsing",
+        "float_type",
+        "bool_parsing",
+        "bool_type",
+        "string_type",
+        "list_type",
+        "date_from_datetime_parsing",
+        "date_parsing",
+        "model_type",
+        "int_from_float",
+        "dict_type",
+    }:
+        return f"{value!r} is not valid: {_lower_first(error['msg'])}"
     if kind == "literal_error":
         return f"{value!r} is not one of {error['ctx']['expected'].replace(chr(39), '')}"
-    return f"{value!r}: {error['msg'].lower()}"
+    return f"{value!r}: {_lower_first(error['msg'])}"
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
 
 
 def _file_issues(file: str, exc: ValidationError) -> list[ConfigIssue]:
@@ -340,7 +356,9 @@ def _cross_file_issues(labels: dict[str, str], parsed: dict[str, StrictModel]) -
             issues.append(ConfigIssue(labels["lanes.yaml"], f"{lane_name}.model", reason))
     training = parsed.get("training.yaml")
     if isinstance(training, TrainingConfig) and training.lora.r > lanes.gpu_lane.max_lora_rank:
-        reason = f"{training.lora.r} exceeds gpu_lane.max_lora_rank {lanes.gpu_lane.max_lora_rank} in lanes.yaml"
+        reason = (
+            f"{training.lora.r} exceeds gpu_lane.max_lora_rank {lanes.gpu_lane.max_lora_rank} in lanes.yaml"
+        )
         issues.append(ConfigIssue(labels["training.yaml"], "lora.r", reason))
     return issues
 

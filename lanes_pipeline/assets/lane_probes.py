@@ -1,8 +1,7 @@
 """One chat request to each lane per materialization: tokens/s and latency plotted over time in the UI,
 so a slower build, a changed flag or a bandwidth fight between the lanes shows up as a dip."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from lanes_pipeline.lanes.probe import ProbeResult, probe

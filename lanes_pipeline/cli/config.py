@@ -1,4 +1,4 @@
-"""`lanes config check|show`: validate every config file and print each bad value with file, key and reason."""
+"""`lanes config check|show`: validate every config file; print each bad value with file, key and reason."""
 
 from __future__ import annotations
 
@@ -16,8 +16,13 @@ def config() -> None:
     """Validate and show the configuration (configs/ or $LANES_CONFIG_DIR)."""
 
 
-_DIR = click.option("--dir", "config_dir", type=click.Path(path_type=Path), default=None,
-                    help="config folder (default: $LANES_CONFIG_DIR or ./configs)")
+_DIR = click.option(
+    "--dir",
+    "config_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="config folder (default: $LANES_CONFIG_DIR or ./configs)",
+)
 
 
 @config.command()

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -221,10 +221,8 @@ class EmbeddedServer:
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _auth_headers(key: str | None) -> dict[str, str]:
@@ -289,7 +287,9 @@ class LaneEndpoints:
 
 
 @contextmanager
-def running_lanes(settings: Settings, lanes: tuple[LaneName, ...] = ("cpu", "gpu")) -> Iterator[LaneEndpoints]:
+def running_lanes(
+    settings: Settings, lanes: tuple[LaneName, ...] = ("cpu", "gpu")
+) -> Iterator[LaneEndpoints]:
     """Yield the URL of each lane: an external one checked reachable, an embedded one started (or reused
     when another process of ours already runs it) and stopped on exit, even when the body fails."""
     urls: dict[LaneName, str] = {}

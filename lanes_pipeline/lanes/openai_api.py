@@ -109,7 +109,9 @@ class OpenAIClient:
         self.lane, self.base_url = lane, base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s)
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
         )
 
     def close(self) -> None:

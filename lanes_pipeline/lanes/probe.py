@@ -34,7 +34,11 @@ def probe(client: OpenAIClient, model: str, prompt: str = PROBE_PROMPT, max_toke
     latency = time.perf_counter() - started
     timings = response.timings
     if timings is not None and timings.predicted_per_second:
-        gen_tps, prompt_tps, source = timings.predicted_per_second, timings.prompt_per_second, "server timings"
+        gen_tps, prompt_tps, source = (
+            timings.predicted_per_second,
+            timings.prompt_per_second,
+            "server timings",
+        )
     else:
         gen_tps = response.usage.completion_tokens / latency if latency > 0 else 0.0
         prompt_tps, source = None, "client wall clock"

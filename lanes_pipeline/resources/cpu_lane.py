@@ -19,4 +19,6 @@ class CpuLaneResource(LaneResource):
 
     @classmethod
     def from_config(cls, config: CpuLane) -> CpuLaneResource:
-        return cls(**cls.connection_fields(config), model_alias=config.model_alias, max_slots=config.max_slots)
+        return cls(
+            **cls.connection_fields(config), model_alias=config.model_alias, max_slots=config.max_slots
+        )

@@ -8,7 +8,13 @@ from typing import ClassVar
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
-from lanes_pipeline.lanes.embedded import LANE_LABEL, EmbeddedServer, LaneName, build_server, running_embedded_url
+from lanes_pipeline.lanes.embedded import (
+    LANE_LABEL,
+    EmbeddedServer,
+    LaneName,
+    build_server,
+    running_embedded_url,
+)
 from lanes_pipeline.lanes.openai_api import OpenAIClient
 from lanes_pipeline.settings import LaneConnection, data_dir, load_settings
 
