@@ -5,6 +5,7 @@ from __future__ import annotations
 from dagster import Definitions, load_assets_from_modules
 
 from lanes_pipeline.assets import lane_probes
+from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
 from lanes_pipeline.resources.cpu_lane import CpuLaneResource
 from lanes_pipeline.resources.gpu_lane import GpuLaneResource
 from lanes_pipeline.settings import Settings, load_settings
@@ -16,6 +17,7 @@ def build_definitions(settings: Settings) -> Definitions:
         resources={
             "cpu_lane": CpuLaneResource.from_config(settings.lanes.cpu_lane),
             "gpu_lane": GpuLaneResource.from_config(settings.lanes.gpu_lane),
+            "artifact_store": ArtifactStoreResource(),
         },
     )
 

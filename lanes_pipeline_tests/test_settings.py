@@ -259,7 +259,8 @@ def test_unset_api_key_variable_is_named(config_dir: Path, monkeypatch: pytest.M
     _edit(config_dir, "lanes.yaml", _set("cpu_lane", "api_key_env", value="LANES_TEST_UNSET_KEY"))
     monkeypatch.delenv("LANES_TEST_UNSET_KEY", raising=False)
     settings = load_settings(config_dir)
-    with pytest.raises(ConfigError, match=r"cpu_lane\.api_key_env: environment variable LANES_TEST_UNSET_KEY"):
+    expected = r"cpu_lane\.api_key_env: environment variable LANES_TEST_UNSET_KEY is not set"
+    with pytest.raises(ConfigError, match=expected):
         settings.lanes.cpu_lane.api_key()
 
 

