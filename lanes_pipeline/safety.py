@@ -1,0 +1,118 @@
+"""What must never reach the model, the sandbox's host or the dataset: pure detectors, no I/O.
+
+- `injection_markers`: text that tries to steer a model (prompt injection) inside repository files or
+  model answers. Such files are quarantined at snapshot time and such records are dropped from the dataset.
+- `secret_findings`: keys, tokens and private keys, found with detect-secrets' plugins.
+- `unsafe_calls`: what a generated test may not do even inside the sandbox, because a test that does it
+  would teach the LoRA to write such tests (the sandbox is the enforcement; this is the dataset policy).
+- `safe_repo_path`: a path a model named may only point inside the repository.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import PurePosixPath
+
+# Phrases addressed to a model rather than to a human reader. Kept narrow: a false positive quarantines a
+# file (it is listed, with the phrase, in the snapshot's left-out files), a false negative is caught by the
+# sandbox and the dataset scrub downstream.
+_INJECTION_PATTERNS = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"\bignore (all |any )?(the )?(previous|prior|above|earlier) (instructions|prompts?|rules)",
+        r"\bdisregard (all |any )?(the )?(previous|prior|above|earlier|system) (instructions|prompts?|rules)",
+        r"\bforget (all |everything )?(you were told|your instructions|previous instructions)",
+        r"\byou are now (a|an|in) ",
+        r"\b(new|updated|override) system prompt\b",
+        r"\breveal (the |your )?(system prompt|hidden instructions)",
+        r"<\|im_start\|>|<\|system\|>|\[INST\]|<<SYS>>",
+        r"\bdo not tell the user\b",
+        r"\bas an ai language model,? you must\b",
+    )
+)
+
+
+def injection_markers(text: str) -> list[str]:
+    """The prompt-injection phrases found in `text` (empty: none)."""
+    found = []
+    for pattern in _INJECTION_PATTERNS:
+        match = pattern.search(text)
+        if match:
+            found.append(match.group(0))
+    return found
+
+
+def secret_findings(text: str) -> list[str]:
+    """Secret types detect-secrets finds in `text`, line by line (empty: none).
+
+    Every built-in plugin runs, high-entropy strings included: a dropped record costs one example, a kept
+    key is a leak baked into weights.
+    """
+    from detect_secrets.core.scan import scan_line
+    from detect_secrets.settings import default_settings
+
+    found: list[str] = []
+    with default_settings():
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            found += sorted({secret.type for secret in scan_line(line)})
+    # detect-secrets reads a PEM header only when the line is the whole key; catch split keys too.
+    if re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", text):
+        found.append("Private Key")
+    return sorted(set(found))
+
+
+def safe_repo_path(path: str) -> bool:
+    """True for a relative path that stays inside the repository and avoids `.git`."""
+    if not path or "\0" in path or "\\" in path:
+        return False
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or any(part in {"..", ".git"} for part in pure.parts):
+        return False
+    return all(part not in {"", "."} for part in pure.parts)
+
+
+_BANNED_MODULES = frozenset(
+    {"subprocess", "socket", "ctypes", "multiprocessing", "shutil", "urllib", "http", "requests", "httpx",
+     "asyncio.subprocess", "pty", "signal", "resource", "importlib", "pickle", "marshal", "ftplib", "smtplib",
+     "telnetlib", "webbrowser"}
+)  # fmt: skip
+_BANNED_OS_CALLS = frozenset(
+    {"system", "popen", "fork", "forkpty", "kill", "killpg", "_exit", "remove", "unlink", "rmdir",
+     "removedirs", "rename", "replace", "chmod", "chown", "setuid", "putenv", "symlink", "link", "truncate"}
+)  # fmt: skip
+_BANNED_BUILTINS = frozenset({"eval", "exec", "compile", "__import__", "breakpoint", "input", "exit", "quit"})
+
+
+def unsafe_calls(tree: ast.AST) -> list[str]:
+    """What in a generated test breaks the policy: banned imports, process/file-system calls, dynamic code."""
+    problems: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            problems += [f"import {a.name}" for a in node.names if _banned_module(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if _banned_module(module):
+                problems.append(f"from {module} import ...")
+            elif module == "os":
+                problems += [f"from os import {a.name}" for a in node.names if _banned_os(a.name)]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id in _BANNED_BUILTINS:
+                problems.append(f"{func.id}()")
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                if func.value.id == "os" and _banned_os(func.attr):
+                    problems.append(f"os.{func.attr}()")
+                elif func.value.id == "sys" and func.attr == "exit":
+                    problems.append("sys.exit()")
+    return sorted(set(problems))
+
+
+def _banned_module(name: str) -> bool:
+    return any(name == m or name.startswith(f"{m}.") for m in _BANNED_MODULES)
+
+
+def _banned_os(name: str) -> bool:
+    return name in _BANNED_OS_CALLS or name.startswith(("exec", "spawn"))

@@ -1,0 +1,29 @@
+"""Word statistics for plain text."""
+
+import re
+from collections import Counter
+
+WORD = re.compile(r"[A-Za-z']+")
+
+
+def words(text: str) -> list[str]:
+    """The words of `text`, lower-cased."""
+    return [w.lower() for w in WORD.findall(text)]
+
+
+def word_count(text: str) -> int:
+    return len(words(text))
+
+
+def top_words(text: str, n: int = 3) -> list[tuple[str, int]]:
+    """The `n` most frequent words, ties broken alphabetically."""
+    counts = Counter(words(text))
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:n]
+
+
+def average_word_length(text: str) -> float:
+    """Mean length of the words in `text`; 0.0 for text without words."""
+    found = words(text)
+    if not found:
+        return 0.0
+    return sum(len(w) for w in found) / len(found)
