@@ -101,7 +101,14 @@ class GpuLane(LaneConnection):
     adapter_prefix: str = Field("lanes", pattern=r"^[a-z0-9][a-z0-9_-]*$")
     max_loras: int = Field(2, ge=1, le=64)
     max_lora_rank: int = 16
+    alias: str = Field("current", pattern=r"^[a-z0-9][a-z0-9_-]*$", description="name: <prefix>-<alias>")
+    max_loaded_versions: int = Field(2, ge=1, le=64, description="K: versioned adapters kept loaded")
+    sleep_mode: bool = Field(False, description="the server runs with --enable-sleep-mode (CUDA only)")
     embedded: EmbeddedGpuServer = EmbeddedGpuServer()
+
+    @property
+    def alias_name(self) -> str:
+        return f"{self.adapter_prefix}-{self.alias}"
 
     @field_validator("max_lora_rank")
     @classmethod
@@ -191,6 +198,15 @@ class TrainingConfig(StrictModel):
     packing: bool = False
     seed: int = 0
     replay_window_days: int = Field(7, ge=1)
+    trainer: Literal["loop", "trl"] = Field("loop", description="our loop, or TRL's SFTTrainer ([bench])")
+    warmup_steps: int = Field(0, ge=0)
+    eval_loss_margin: float = Field(
+        0.01, ge=0, lt=1, description="promote only if eval loss is this fraction below base and current"
+    )
+    task_score_tolerance: float = Field(
+        0.0, ge=0, le=1, description="how far the task score may drop below base and current"
+    )
+    eval_max_samples: int = Field(64, ge=1, description="held-out rows scored for eval loss")
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:
