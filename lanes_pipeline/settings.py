@@ -84,6 +84,14 @@ class CpuLane(LaneConnection):
     model: str = Field("smollm2-135m-instruct-q4_1", description="a name in models.yaml with lane: cpu")
     model_alias: str = Field("smollm2", description="the served model name (llama-server -a)")
     max_slots: int = Field(2, ge=1, le=256, description="cap on in-flight requests, under the server's slots")
+    cache_path: str | None = Field(None, description="response cache; default <data>/cache/cpu_lane.sqlite3")
+    overflow: Literal["error", "shrink"] = Field(
+        "error", description="a prompt over the per-slot context: fail the item, or shrink its varying part"
+    )
+    max_attempts: int = Field(4, ge=1, le=20, description="tries per request (1 + retries) on 5xx/timeouts")
+    backoff_base_s: PositiveSeconds = 1.0
+    backoff_max_s: PositiveSeconds = 30.0
+    max_failure_ratio: float = Field(0.1, ge=0, le=1, description="failed items above this fail the asset")
     embedded: EmbeddedCpuServer = EmbeddedCpuServer()
 
 
