@@ -67,6 +67,14 @@ class ModuleOutline(FrozenModel):
     classes: list[tuple[str, list[str]]] = []  # (class header, method signatures)
     error: str | None = None
 
+    def defined_names(self) -> set[str]:
+        """Every function, class and method name the module defines."""
+        names = {f.split("(", 1)[0].removeprefix("async ") for f in self.functions}
+        for header, methods in self.classes:
+            names.add(header.split("(", 1)[0].removeprefix("class "))
+            names |= {m.split("(", 1)[0].removeprefix("async ") for m in methods}
+        return names
+
     def public_names(self) -> list[str]:
         names = [f.split("(", 1)[0] for f in self.functions]
         names += [header.split("(", 1)[0].removeprefix("class ") for header, _ in self.classes]

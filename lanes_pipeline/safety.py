@@ -44,24 +44,22 @@ def injection_markers(text: str) -> list[str]:
 
 
 def secret_findings(text: str) -> list[str]:
-    """Secret types detect-secrets finds in `text`, line by line (empty: none).
+    """Secret types detect-secrets finds in `text` (empty: none), with its default plugins and filters.
 
-    Every built-in plugin runs, high-entropy strings included: a dropped record costs one example, a kept
-    key is a leak baked into weights.
+    Every built-in plugin runs, high-entropy strings in quotes included: a dropped record costs one example,
+    a kept key is a leak baked into weights. detect-secrets' line scanner is the one `scan_file` uses (its
+    public `scan_line` is the ad-hoc mode that reports every word); pyproject pins the 1.5 series for it.
     """
-    from detect_secrets.core.scan import scan_line
+    from detect_secrets.core.scan import _process_line_based_plugins
     from detect_secrets.settings import default_settings
 
-    found: list[str] = []
+    lines = list(enumerate(text.splitlines(), start=1))
     with default_settings():
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            found += sorted({secret.type for secret in scan_line(line)})
+        found = {secret.type for secret in _process_line_based_plugins(lines, filename="record.py")}
     # detect-secrets reads a PEM header only when the line is the whole key; catch split keys too.
     if re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", text):
-        found.append("Private Key")
-    return sorted(set(found))
+        found.add("Private Key")
+    return sorted(found)
 
 
 def safe_repo_path(path: str) -> bool:

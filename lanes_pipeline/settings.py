@@ -231,7 +231,9 @@ class SandboxLimits(StrictModel):
     processes: int = Field(64, ge=1)
     file_mb: int = Field(64, ge=1, description="largest file a process may write")
     runs: int = Field(3, ge=1, description="passing runs a generated test needs (flaky ones fail some)")
-    uid: int = Field(65534, ge=1, description="unprivileged uid/gid the command runs as, when started as root")
+    uid: int = Field(
+        65534, ge=1, description="unprivileged uid/gid the command runs as, when started as root"
+    )
     parent_dir: str | None = Field(None, description="where sandboxes are made; default: the system temp")
 
 

@@ -1,0 +1,131 @@
+"""What the CPU-lane assets share: where a repository is, the per-item memo, artifacts and metadata.
+
+The memo is what makes the daily assets incremental and idempotent: every model answer and every sandbox
+verdict is stored under a key made of what decided it (a blob hash, a commit, the task's version, the
+configured model), so a re-run of a day, or a day where a file did not change, finds it and asks nothing.
+Deterministic failures (unparseable, too long) are remembered too; transient ones (server down) are not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dagster import MetadataValue
+
+from lanes_pipeline.lanes.batch import BatchResult
+from lanes_pipeline.repos import Snapshot
+from lanes_pipeline.sample_repo import EMBEDDED_REPO, ensure_sample_repo
+from lanes_pipeline.settings import RepoEntry, Settings
+from lanes_pipeline.store import ArtifactStore, canonical_json, sha256_bytes, sha256_tree
+
+MEMO = "_memo"
+# Failure kinds of the batch runner that the same request would meet again: remembered, not re-asked.
+DETERMINISTIC_FAILURES = frozenset({"unparseable", "too_long"})
+
+
+def repo_location(settings: Settings, entry: RepoEntry) -> Path:
+    """The git repository of a config entry; `embedded` is the shipped sample, built on first use."""
+    if entry.path == EMBEDDED_REPO:
+        return ensure_sample_repo(settings.data_dir / "sample_repo")
+    return settings.repo_path(entry)
+
+
+def memo_key(*parts: Any) -> str:
+    return sha256_bytes(canonical_json(list(parts)))
+
+
+class Memo:
+    """Content-addressed JSON values in the artifact store (atomic writes, safe to share between runs)."""
+
+    def __init__(self, store: ArtifactStore, namespace: str) -> None:
+        self.folder = store.root / MEMO / namespace
+        self.store = store
+        self.hits = 0
+
+    def _path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> Any | None:
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        self.hits += 1
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    def put(self, key: str, value: Any) -> None:
+        self.store.write_bytes(self._path(key), canonical_json(value))
+
+
+def write_partition(store: ArtifactStore, asset: str, day: str, files: dict[str, Any]) -> str:
+    """Replace the asset's partition folder with `files` (name -> JSON value or text) in one rename, and
+    return the folder's content hash: equal content, equal hash, whatever ran before."""
+    target = store.folder(asset, day)
+    with store.atomic_folder(target) as staging:
+        for name, value in sorted(files.items()):
+            data = value.encode("utf-8") if isinstance(value, str) else _pretty_json(value)
+            (staging / name).write_bytes(data)
+    return sha256_tree(target)
+
+
+def _pretty_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, indent=1).encode("utf-8") + b"\n"
+
+
+def load_snapshots(store: ArtifactStore, day: str) -> list[Snapshot]:
+    data = store.read_json("repo_snapshot", day, "snapshots.json")
+    return [Snapshot.model_validate(item) for item in data]
+
+
+def read_partition(store: ArtifactStore, asset: str, day: str) -> Any:
+    if not store.exists(asset, day, "results.json"):
+        raise FileNotFoundError(f"{asset} has no partition {day}: materialize it first")
+    return store.read_json(asset, day, "results.json")
+
+
+class LaneUsage:
+    """CPU-lane figures over the batches of one materialization, as flat metadata."""
+
+    def __init__(self) -> None:
+        self.batches: list[BatchResult] = []
+
+    def add(self, result: BatchResult) -> None:
+        self.batches.append(result)
+
+    def metadata(self, memo_hits: int) -> dict[str, Any]:
+        summaries = [b.summary for b in self.batches]
+        prompt = sum(s.prompt_tokens for s in summaries)
+        cached = sum(s.cached_prompt_tokens for s in summaries)
+        completion = sum(s.completion_tokens for s in summaries)
+        wall = sum(s.wall_s for s in summaries)
+        return {
+            "llm_requests": sum(s.requests_sent for s in summaries),
+            "llm_answered": sum(s.answered for s in summaries),
+            "cache_hits": memo_hits + sum(s.cache_hits for s in summaries),
+            "memo_hits": memo_hits,
+            "response_cache_hits": sum(s.cache_hits for s in summaries),
+            "prompt_tokens": prompt,
+            "cached_prompt_tokens": cached,
+            "completion_tokens": completion,
+            "generation_tokens_per_s": round(completion / wall, 2) if wall > 0 else 0.0,
+            "prompt_tokens_per_s": round((prompt - cached) / wall, 2) if wall > 0 else 0.0,
+            "prefix_reuse": round(cached / prompt, 4) if prompt else 0.0,
+            "llm_wall_s": round(wall, 3),
+        }
+
+
+def ratio(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]], limit: int = 60) -> MetadataValue:
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")[:200]
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows[:limit]]
+    if len(rows) > limit:
+        lines.append(f"| ... {len(rows) - limit} more |" + " |" * (len(header) - 1))
+    return MetadataValue.md("\n".join(lines))

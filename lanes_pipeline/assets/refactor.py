@@ -1,0 +1,164 @@
+"""`refactor_proposals`: small refactors of the day's changed files, proposed by the CPU lane as unified
+diffs only (whole-file rewrites are slow on a collapsed prefix cache and are refused), parsed with
+unidiff, checked with `git apply --check` in a sandbox worktree, then accepted only if the repository's
+own tests and the day's accepted generated tests all pass with the diff applied."""
+
+# No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
+from collections import Counter
+from typing import Any
+
+from dagster import AssetExecutionContext, Failure, MaterializeResult, asset
+
+from lanes_pipeline.assets.cpu_common import (
+    LaneUsage,
+    Memo,
+    load_snapshots,
+    md_table,
+    memo_key,
+    ratio,
+    read_partition,
+    repo_location,
+    write_partition,
+)
+from lanes_pipeline.assets.testgen import generated_tests, target_files
+from lanes_pipeline.partitions import DAILY
+from lanes_pipeline.prompts import PromptLayout
+from lanes_pipeline.repos import read_blobs
+from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
+from lanes_pipeline.resources.cpu_lane import CpuLaneResource
+from lanes_pipeline.resources.pipeline_settings import PipelineSettingsResource
+from lanes_pipeline.sandbox import detect_isolation
+from lanes_pipeline.store import canonical_json, sha256_bytes
+from lanes_pipeline.tasks import REFACTOR_DIFF, TASKS_VERSION, file_prompt, parse_diff
+from lanes_pipeline.verify import baseline_passes, check_diff
+
+
+@asset(
+    partitions_def=DAILY,
+    group_name="cpu_lane",
+    pool="cpu_lane",
+    deps=[generated_tests],
+    description="Refactors as unified diffs, accepted only if they apply and every test passes with them.",
+)
+def refactor_proposals(
+    context: AssetExecutionContext,
+    artifact_store: ArtifactStoreResource,
+    pipeline_settings: PipelineSettingsResource,
+    cpu_lane: CpuLaneResource,
+) -> MaterializeResult:
+    settings = pipeline_settings.load()
+    config = settings.pipeline.cpu_assets
+    limits = config.sandbox.model_dump()
+    store = artifact_store.store()
+    answers, checks = Memo(store, "refactor_diff"), Memo(store, "diff_check")
+    usage = LaneUsage()
+    entries = {e.name: e for e in settings.repos.repos}
+    tests = read_partition(store, "generated_tests", context.partition_key)
+    isolation = None
+    items: list[dict[str, Any]] = []
+    transient = asked = 0
+    for snapshot in load_snapshots(store, context.partition_key):
+        targets = target_files(snapshot, config.max_files_per_day)
+        if snapshot.commit is None or not targets:
+            continue
+        repo = repo_location(settings, entries[snapshot.repo])
+        contents = read_blobs(repo, [f.blob for f in targets])
+        keys = {
+            f.path: memo_key(
+                "refactor_diff", TASKS_VERSION, cpu_lane.model, f.blob, config.refactor_max_tokens
+            )
+            for f in targets
+        }
+        known = {path: answers.get(key) for path, key in keys.items()}
+        missing = [f for f in targets if known[f.path] is None]
+        if missing:
+            layout = PromptLayout(REFACTOR_DIFF, shared_context=snapshot.repo_map)
+            requests = [
+                layout.build(
+                    f"{snapshot.repo}:{f.path}",
+                    file_prompt(f.path, contents[f.blob].decode("utf-8")),
+                    max_tokens=config.refactor_max_tokens,
+                )
+                for f in missing
+            ]
+            result = cpu_lane.run_batch(
+                requests, log=context.log, label=f"refactor_proposals {snapshot.repo}"
+            )
+            usage.add(result)
+            asked += len(requests)
+            for file, item in zip(missing, result.results, strict=True):
+                if item.status != "ok" or item.text is None:
+                    transient += 1
+                    continue
+                known[file.path] = {"answer": item.text}
+                answers.put(keys[file.path], known[file.path])
+        accepted_tests = {
+            t["test_file"]: t["code"]
+            for t in tests
+            if t["repo"] == snapshot.repo and t["verdict"] == "passed"
+        }
+        tests_hash = sha256_bytes(canonical_json(accepted_tests))
+        baseline: str | None = None
+        for file in targets:
+            base = {"repo": snapshot.repo, "path": file.path}
+            answer = known[file.path]
+            if answer is None:
+                items.append(
+                    {**base, "diff": None, "verdict": "no_answer", "reason": "the CPU lane did not answer"}
+                )
+                continue
+            parsed = parse_diff(answer["answer"], file.path)
+            if isinstance(parsed, tuple):
+                items.append({**base, "diff": None, "verdict": parsed[0], "reason": parsed[1]})
+                continue
+            check_key = memo_key(
+                "diff_check",
+                TASKS_VERSION,
+                sha256_bytes(parsed.text.encode()),
+                snapshot.commit,
+                tests_hash,
+                limits,
+            )
+            check = checks.get(check_key)
+            if check is None:
+                isolation = isolation or detect_isolation()
+                if baseline is None:
+                    baseline = baseline_passes(repo, snapshot.commit, config.sandbox, isolation)
+                if baseline:
+                    check = {
+                        "verdict": "baseline_failing",
+                        "reason": f"tests fail without the diff: {baseline}",
+                    }
+                else:
+                    judged = check_diff(
+                        repo, snapshot.commit, parsed, accepted_tests, config.sandbox, isolation
+                    )
+                    check = {"verdict": judged.verdict, "reason": judged.reason[:600]}
+                checks.put(check_key, check)
+            items.append({**base, "diff": parsed.text, **check})
+    if asked and transient / asked > config.max_failure_ratio:
+        raise Failure(
+            description=f"{transient} of {asked} refactor requests failed (> {config.max_failure_ratio:.0%})",
+            metadata=usage.metadata(answers.hits),
+        )
+    content_hash = write_partition(
+        store, "refactor_proposals", context.partition_key, {"results.json": items}
+    )
+    counts = Counter(item["verdict"] for item in items)
+    accepted = counts.get("accepted", 0)
+    return MaterializeResult(
+        metadata={
+            "proposals": len(items),
+            "accepted": accepted,
+            "acceptance_rate": ratio(accepted, len(items)),
+            **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "accepted"},
+            "check_memo_hits": checks.hits,
+            "asked_this_run": asked,
+            **usage.metadata(answers.hits),
+            "verdicts": md_table(
+                ["repo", "file", "verdict", "reason"],
+                [(i["repo"], i["path"], i["verdict"], i["reason"]) for i in items],
+            ),
+            "artifact_hash": content_hash,
+        }
+    )
