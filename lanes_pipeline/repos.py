@@ -154,9 +154,9 @@ def end_of_day(day: date, timezone: str) -> datetime:
     return datetime.combine(day + timedelta(days=1), time(0), tzinfo=ZoneInfo(timezone))
 
 
-def path_spec(patterns: Sequence[str]) -> pathspec.PathSpec:
+def path_spec(patterns: Sequence[str]) -> pathspec.GitIgnoreSpec:
     """Gitignore-style patterns (`**` crosses folders); the same dialect as `.gitignore`, so no surprises."""
-    return pathspec.PathSpec.from_lines("gitwildmatch", patterns)
+    return pathspec.GitIgnoreSpec.from_lines(patterns)
 
 
 def is_vendored(path: str) -> bool:
@@ -342,7 +342,7 @@ def git(repo: Path, *args: str, input: bytes | None = None, env: Mapping[str, st
         command, input=input, capture_output=True, env={**_git_env(), **(env or {})}, check=False
     )
     if result.returncode != 0:
-        raise GitError(f"{' '.join(command[3:])} failed in {repo}: {result.stderr.decode(errors='replace')}")
+        raise GitError(f"git {' '.join(args)} failed in {repo}: {result.stderr.decode(errors='replace')}")
     return result.stdout
 
 
@@ -488,7 +488,7 @@ def build_history(repo: Path, commits: Sequence[CommitSpec], author: str = "Samp
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
-            git(repo, "add", "--", rel)
+            git(repo, "add", "--force", "--", rel)  # the spec is the tree: even ignored paths
         stamp = spec.when.isoformat()
         env = {"GIT_AUTHOR_NAME": author, "GIT_AUTHOR_EMAIL": "sample@example.invalid",
                "GIT_COMMITTER_NAME": author, "GIT_COMMITTER_EMAIL": "sample@example.invalid",
