@@ -4,20 +4,24 @@ from __future__ import annotations
 
 from dagster import Definitions, load_assets_from_modules
 
-from lanes_pipeline.assets import lane_probes
+from lanes_pipeline.assets import analysis, lane_probes, lora_dataset, refactor, snapshot, testgen
+from lanes_pipeline.checks import CHECKS
 from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
 from lanes_pipeline.resources.cpu_lane import CpuLaneResource
 from lanes_pipeline.resources.gpu_lane import GpuLaneResource
+from lanes_pipeline.resources.pipeline_settings import PipelineSettingsResource
 from lanes_pipeline.settings import Settings, load_settings
 
 
 def build_definitions(settings: Settings) -> Definitions:
     return Definitions(
-        assets=load_assets_from_modules([lane_probes]),
+        assets=load_assets_from_modules([lane_probes, snapshot, analysis, testgen, refactor, lora_dataset]),
+        asset_checks=CHECKS,
         resources={
             "cpu_lane": CpuLaneResource.from_config(settings.lanes.cpu_lane),
             "gpu_lane": GpuLaneResource.from_config(settings.lanes.gpu_lane),
             "artifact_store": ArtifactStoreResource(),
+            "pipeline_settings": PipelineSettingsResource(),
         },
     )
 
