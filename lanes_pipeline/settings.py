@@ -126,9 +126,33 @@ class GpuLane(LaneConnection):
         return value
 
 
+class BandwidthConfig(StrictModel):
+    """The two lanes share one memory bus: CPU-lane batch work yields to the interactive GPU lane."""
+
+    yield_to_gpu: bool = Field(True, description="lower CPU-lane in-flight requests while vLLM is busy")
+    gpu_busy_above: int = Field(0, ge=0, description="vLLM running requests above this: the GPU lane is busy")
+    cpu_min_in_flight: int = Field(
+        1, ge=1, description="CPU-lane in-flight requests while the GPU lane is busy"
+    )
+    quiet_s: float = Field(5.0, ge=0, description="a lane quiet this long no longer holds the bandwidth")
+    poll_s: PositiveSeconds = 1.0
+    training_waits_for_cpu_lane: bool = Field(True, description="LoRA training starts on a quiet CPU lane")
+    training_wait_max_s: PositiveSeconds = Field(3600.0, description="then the training step fails (retried)")
+
+
 class LanesConfig(StrictModel):
     cpu_lane: CpuLane = CpuLane()
     gpu_lane: GpuLane = GpuLane()
+    bandwidth: BandwidthConfig = BandwidthConfig()
+
+    @model_validator(mode="after")
+    def _minimum_within_slots(self) -> LanesConfig:
+        if self.bandwidth.cpu_min_in_flight > self.cpu_lane.max_slots:
+            raise ValueError(
+                f"bandwidth.cpu_min_in_flight {self.bandwidth.cpu_min_in_flight} exceeds "
+                f"cpu_lane.max_slots {self.cpu_lane.max_slots}"
+            )
+        return self
 
 
 class ModelEntry(StrictModel):
@@ -266,6 +290,7 @@ class PipelineConfig(StrictModel):
     timezone: str = "UTC"
     schedule_hour: int = Field(4, ge=0, le=23)
     schedule_minute: int = Field(0, ge=0, le=59)
+    schedule_enabled: bool = Field(True, description="the daily schedule runs whenever the daemon does")
     cpu_assets: CpuAssetsConfig = CpuAssetsConfig()
     dataset: DatasetConfig = DatasetConfig()
 

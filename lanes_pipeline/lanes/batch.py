@@ -29,6 +29,7 @@ from typing import IO, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lanes_pipeline.lanes.bandwidth import YieldReport
 from lanes_pipeline.lanes.cache import CacheEntry, FailureRecord, ResponseCache, cache_key
 from lanes_pipeline.lanes.cpu import (
     CpuClient,
@@ -324,6 +325,7 @@ class BatchResult(BaseModel):
     results: list[ItemResult]
     summary: BatchSummary
     server: ServerInfo
+    bandwidth: YieldReport | None = None  # what yielding to the GPU lane cost, when it was watched
 
     def failed(self) -> list[ItemResult]:
         return [r for r in self.results if r.status == "failed"]
@@ -337,22 +339,50 @@ class BatchResult(BaseModel):
 class SlotGate:
     """At most `limit` completion requests in flight: across this process's threads (a semaphore) and,
     with `lease_dir`, across processes (one lock file per slot: a CLI batch beside a Dagster run shares
-    the slots instead of doubling them). flock leases die with their process, so a crash frees them."""
+    the slots instead of doubling them). flock leases die with their process, so a crash frees them.
 
-    def __init__(self, limit: int, lease_dir: Path | None = None, poll_s: float = 0.05) -> None:
+    `cap`, when given, is asked before each admission and may lower the bound for a while (the bandwidth
+    governor's minimum while the GPU lane is busy; None means no cap): requests in flight finish, new ones
+    wait until fewer than the cap are in flight."""
+
+    def __init__(
+        self,
+        limit: int,
+        lease_dir: Path | None = None,
+        poll_s: float = 0.05,
+        cap: Callable[[], int | None] | None = None,
+    ) -> None:
         if limit < 1:
             raise ValueError("a slot gate needs at least one slot")
-        self.limit, self.lease_dir, self.poll_s = limit, lease_dir, poll_s
+        self.limit, self.lease_dir, self.poll_s, self.cap = limit, lease_dir, poll_s, cap
         self._semaphore = threading.BoundedSemaphore(limit)
         self._lock = threading.Lock()
+        self._admitted = 0
         self.in_flight = 0
         self.max_in_flight = 0
         if lease_dir is not None:
             lease_dir.mkdir(parents=True, exist_ok=True)
 
     @contextmanager
+    def _admission(self) -> Iterator[None]:
+        """Wait until the cap (if any) leaves room; counted before the lease, so a waiting thread holds no
+        cross-process slot."""
+        while True:
+            cap = self.cap() if self.cap is not None else None
+            with self._lock:  # the check and the count under one lock: two threads cannot both slip in
+                if cap is None or self._admitted < max(1, cap):
+                    self._admitted += 1
+                    break
+            time.sleep(self.poll_s)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._admitted -= 1
+
+    @contextmanager
     def hold(self) -> Iterator[None]:
-        with self._semaphore:
+        with self._semaphore, self._admission():
             lease = self._lease() if self.lease_dir is not None else None
             with self._lock:
                 self.in_flight += 1
@@ -412,9 +442,15 @@ class _Answer:
 
 class BatchRunner:
     def __init__(
-        self, client: CpuClient, cache: ResponseCache, config: BatchConfig, seed: int | None = None
+        self,
+        client: CpuClient,
+        cache: ResponseCache,
+        config: BatchConfig,
+        seed: int | None = None,
+        cap: Callable[[], int | None] | None = None,
     ) -> None:
-        self.client, self.cache, self.config = client, cache, config
+        """`cap`: see SlotGate (the bandwidth governor's cap on in-flight requests)."""
+        self.client, self.cache, self.config, self.cap = client, cache, config, cap
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self.gate: SlotGate | None = None
@@ -428,7 +464,7 @@ class BatchRunner:
         info = self.prepare()
         limit = max(1, min(self.config.max_slots, info.total_slots))
         lease_dir = self.config.lease_dir / _url_slug(info.url) if self.config.lease_dir else None
-        self.gate = SlotGate(limit, lease_dir)
+        self.gate = SlotGate(limit, lease_dir, cap=self.cap)
 
         keys = [cache_key(r.chat_request(self.config.model_alias), info.fingerprint) for r in requests]
         entries = self.cache.get_many(keys)

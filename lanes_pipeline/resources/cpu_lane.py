@@ -3,14 +3,18 @@
 Every CPU-lane asset goes through `run_batch`: slot-bounded, cached (a re-run of a day asks the model
 nothing), resumable (each answer is committed as it arrives), with progress lines and summary metadata.
 
-Concurrency across runs: CPU-lane assets declare `pool="cpu_lane"`, and dagster.yaml gives that pool one
-slot (`concurrency.pools.default_limit: 1`), so two runs take turns on the server's slots instead of
-doubling the queue. Work outside Dagster (the `lanes cpu` CLI) is bounded by the same slots through
-per-slot lock files under `<data>/run/cpu-lane-slots/`.
+Concurrency across runs: CPU-lane assets declare `pool="cpu_lane"`, whose limit `lanes run` / `lanes dev`
+set to the server's slots (lanes_pipeline/instance.py); every batch, in any process (a Dagster step, the
+`lanes cpu` CLI), takes the same slots through per-slot lock files under `<data>/run/cpu-lane-slots/`, so
+two runs share the server's slots instead of doubling the queue.
+
+Bandwidth: while the GPU lane is busy (vLLM's running requests above `gpu_busy_above`), a batch keeps at
+most `min_in_flight` requests in flight (lanes/bandwidth.py); `yield_to_gpu: false` turns this off.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,12 +22,13 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from dagster import Failure, MetadataValue
 
+from lanes_pipeline.lanes.bandwidth import YieldEvent, YieldPolicy, yielding_to_gpu
 from lanes_pipeline.lanes.batch import BatchConfig, BatchProgress, BatchRequest, BatchResult, BatchRunner
 from lanes_pipeline.lanes.cache import ResponseCache
 from lanes_pipeline.lanes.cpu import CpuClient
-from lanes_pipeline.lanes.embedded import LaneName
+from lanes_pipeline.lanes.embedded import LaneName, running_embedded_url
 from lanes_pipeline.resources.lane_base import LaneResource
-from lanes_pipeline.settings import CpuLane, data_dir
+from lanes_pipeline.settings import EMBEDDED, BandwidthConfig, CpuLane, GpuLane, data_dir
 
 
 class InfoLog(Protocol):
@@ -66,11 +71,37 @@ class CpuLaneResource(LaneResource):
     backoff_max_s: float = 30.0
     ready_timeout_s: float = 600.0
     max_failure_ratio: float = 0.1
+    # Yielding to the GPU lane (configs/lanes.yaml `bandwidth`). `gpu_url: embedded` watches the embedded
+    # GPU lane when one is running, and never starts one for this.
+    yield_to_gpu: bool = True
+    gpu_url: str = EMBEDDED
+    gpu_api_key_env: str | None = None
+    gpu_busy_above: int = 0
+    min_in_flight: int = 1
+    bandwidth_quiet_s: float = 5.0
+    bandwidth_poll_s: float = 1.0
 
     @classmethod
-    def from_config(cls, config: CpuLane, base_url: str | None = None) -> CpuLaneResource:
-        """`base_url` overrides the configured one: the URL of a server `running_lanes` already resolved."""
+    def from_config(
+        cls,
+        config: CpuLane,
+        base_url: str | None = None,
+        bandwidth: BandwidthConfig | None = None,
+        gpu: GpuLane | None = None,
+    ) -> CpuLaneResource:
+        """`base_url` overrides the configured one: the URL of a server `running_lanes` already resolved.
+        `bandwidth` and `gpu` (the GPU lane it yields to) come from the same lanes.yaml."""
         fields = {**cls.connection_fields(config), **({"base_url": base_url} if base_url else {})}
+        if bandwidth is not None:
+            fields |= {
+                "yield_to_gpu": bandwidth.yield_to_gpu,
+                "gpu_busy_above": bandwidth.gpu_busy_above,
+                "min_in_flight": bandwidth.cpu_min_in_flight,
+                "bandwidth_quiet_s": bandwidth.quiet_s,
+                "bandwidth_poll_s": bandwidth.poll_s,
+            }
+        if gpu is not None:
+            fields |= {"gpu_url": gpu.base_url, "gpu_api_key_env": gpu.api_key_env}
         return cls(
             **fields,
             model_alias=config.model_alias,
@@ -109,6 +140,22 @@ class CpuLaneResource(LaneResource):
             lease_dir=data_dir() / "run" / "cpu-lane-slots",
         )
 
+    def yield_policy(self) -> YieldPolicy:
+        return YieldPolicy(
+            gpu_busy_above=self.gpu_busy_above,
+            cpu_min_in_flight=self.min_in_flight,
+            quiet_s=self.bandwidth_quiet_s,
+            poll_s=self.bandwidth_poll_s,
+        )
+
+    def gpu_metrics_url(self) -> str | None:
+        """The GPU lane to yield to, without starting one: None when off or when no embedded one runs."""
+        if not self.yield_to_gpu:
+            return None
+        if self.gpu_url != EMBEDDED:
+            return self.gpu_url
+        return running_embedded_url(data_dir(), "gpu")
+
     def run_batch(
         self,
         requests: Sequence[BatchRequest],
@@ -125,8 +172,26 @@ class CpuLaneResource(LaneResource):
             for callback in callbacks:
                 callback(state)
 
-        with self.cpu_client() as client, ResponseCache(self.resolved_cache_path()) as cache:
-            result = BatchRunner(client, cache, self.batch_config()).run(requests, report)
+        def on_yield(event: YieldEvent) -> None:
+            if log is not None:
+                state = (
+                    f"yields to the GPU lane ({event.gpu_running:g} running on vLLM): at most {event.cap} "
+                    "in flight"
+                    if event.cap is not None
+                    else "has its slots back (GPU lane quiet)"
+                )
+                log.info(f"CPU lane {label}: {state}")
+
+        gpu_api_key = os.environ.get(self.gpu_api_key_env) if self.gpu_api_key_env else None
+        with (
+            self.cpu_client() as client,
+            ResponseCache(self.resolved_cache_path()) as cache,
+            yielding_to_gpu(self.gpu_metrics_url(), self.yield_policy(), gpu_api_key, on_yield) as governor,
+        ):
+            cap = governor.cap if governor is not None else None
+            result = BatchRunner(client, cache, self.batch_config(), cap=cap).run(requests, report)
+            if governor is not None:
+                result.bandwidth = governor.report()
         if log is not None:
             s = result.summary
             log.info(
@@ -161,6 +226,8 @@ def batch_metadata(result: BatchResult) -> dict[str, Any]:
     metadata["cpu_lane/server"] = f"{result.server.server} at {result.server.url}"
     metadata["cpu_lane/slots"] = result.server.total_slots
     metadata["cpu_lane/per_slot_ctx"] = result.server.per_slot_ctx
+    if result.bandwidth is not None:
+        metadata |= {f"cpu_lane/{k}": v for k, v in result.bandwidth.metadata().items()}
     failed = result.failed()
     if failed:
         rows = ["| item | kind | reason |", "|---|---|---|"]
