@@ -243,14 +243,20 @@ def shape(
 
 
 def load_token_counter(model_dir: Path) -> TokenCounter:
-    """Token count of a conversation as the trainer will see it: the base model's own chat template."""
-    from transformers import AutoTokenizer
+    """Token count of a conversation as the trainer will see it: the base model's own chat template.
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    The tokenizer loads on the first count, so a day without candidates never pays for it.
+    """
+    tokenizer: Any = None
 
     def count(messages: list[dict[str, str]]) -> int:
+        nonlocal tokenizer
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         encoded = tokenizer.apply_chat_template(messages, tokenize=True)
-        ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
+        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
         return len(ids)
 
     return count

@@ -95,6 +95,10 @@ def candidates_of_day(
     return found
 
 
+def _no_tokens(messages: list[dict[str, str]]) -> int:
+    raise AssertionError("no candidate, nothing to count")  # shape() counts candidates only
+
+
 @asset(
     partitions_def=DAILY,
     group_name="cpu_lane",
@@ -128,7 +132,7 @@ def lora_dataset(
     shaped = shape(
         candidates,
         dataset_config.system_prompt,
-        load_token_counter(base_model_dir(settings)),
+        load_token_counter(base_model_dir(settings)) if candidates else _no_tokens,
         settings.training.max_seq_len,
         dataset_config.eval_percent,
         dataset_config.near_duplicate_threshold,
