@@ -237,3 +237,14 @@ def test_sandbox_folder_is_removed(repo: tuple[Path, str], isolation: Isolation)
         root = sandbox.root
         assert run_pytest(sandbox, ["tests"]).outcome == "passed"
     assert not root.exists()
+
+
+def test_file_names_never_come_from_the_model(repo: tuple[Path, str], isolation: Isolation) -> None:
+    from lanes_pipeline.tasks import test_module_name
+
+    assert test_module_name("pkg/../calc.py") == "test_lanes_generated_pkg____calc.py"
+    with open_sandbox(repo[0], repo[1], LIMITS, isolation) as sandbox:
+        for hostile in ("../escape.py", "/tmp/escape.py", "a/../../escape.py"):
+            with pytest.raises(ValueError, match="not inside the worktree"):
+                sandbox.write(hostile, "x = 1\n")
+        assert not (sandbox.root / "escape.py").exists()
