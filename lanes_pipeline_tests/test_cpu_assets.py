@@ -337,3 +337,17 @@ def test_cpu_lane_assets_are_registered_daily_with_their_pool_and_checks() -> No
     assert {("lora_dataset", "lora_dataset_has_no_secrets"), ("lora_dataset", "lora_dataset_has_rows"),
             ("repo_analysis", "repo_analysis_parse_rate")} <= checks  # fmt: skip
     assert "pipeline_settings" in (defs.resources or {})
+
+
+def test_only_deterministic_failures_are_remembered() -> None:
+    from lanes_pipeline.assets.cpu_common import remembered_answer
+    from lanes_pipeline.lanes.batch import ItemFailure, ItemResult
+
+    def item(status: str, text: str | None = None, kind: str | None = None) -> ItemResult:
+        failure = ItemFailure(kind=kind, reason="why") if kind else None
+        return ItemResult(index=0, id="r:a.py", key="k", status=status, text=text, failure=failure)
+
+    assert remembered_answer(item("ok", "```diff\n```")) == {"answer": "```diff\n```"}
+    assert remembered_answer(item("failed", kind="too_long")) == {"answer": None, "reason": "too_long: why"}
+    assert remembered_answer(item("failed", kind="unreachable")) is None  # asked again next run
+    assert remembered_answer(item("failed", kind="server_error")) is None

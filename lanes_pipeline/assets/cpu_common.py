@@ -15,7 +15,7 @@ from typing import Any
 
 from dagster import MetadataValue
 
-from lanes_pipeline.lanes.batch import BatchResult
+from lanes_pipeline.lanes.batch import BatchResult, ItemResult
 from lanes_pipeline.repos import Snapshot
 from lanes_pipeline.sample_repo import EMBEDDED_REPO, ensure_sample_repo
 from lanes_pipeline.settings import RepoEntry, Settings
@@ -57,6 +57,16 @@ class Memo:
 
     def put(self, key: str, value: Any) -> None:
         self.store.write_bytes(self._path(key), canonical_json(value))
+
+
+def remembered_answer(item: ItemResult) -> dict[str, Any] | None:
+    """What to remember of a free-text answer: the text, or a deterministic failure (a prompt too long
+    for the context stays too long); None for a transient failure, which the next run asks again."""
+    if item.status == "ok" and item.text is not None:
+        return {"answer": item.text}
+    if item.failure is not None and item.failure.kind in DETERMINISTIC_FAILURES:
+        return {"answer": None, "reason": f"{item.failure.kind}: {item.failure.reason}"[:300]}
+    return None
 
 
 def write_partition(store: ArtifactStore, asset: str, day: str, files: dict[str, Any]) -> str:

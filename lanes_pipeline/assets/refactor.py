@@ -17,6 +17,7 @@ from lanes_pipeline.assets.cpu_common import (
     memo_key,
     ratio,
     read_partition,
+    remembered_answer,
     repo_location,
     write_partition,
 )
@@ -87,11 +88,11 @@ def refactor_proposals(
             usage.add(result)
             asked += len(requests)
             for file, item in zip(missing, result.results, strict=True):
-                if item.status != "ok" or item.text is None:
-                    transient += 1
-                    continue
-                known[file.path] = {"answer": item.text}
-                answers.put(keys[file.path], known[file.path])
+                known[file.path] = remembered_answer(item)
+                if known[file.path] is None:
+                    transient += 1  # not remembered: the next run asks again
+                else:
+                    answers.put(keys[file.path], known[file.path])
         accepted_tests = {
             t["test_file"]: t["code"]
             for t in tests
@@ -102,10 +103,9 @@ def refactor_proposals(
         for file in targets:
             base = {"repo": snapshot.repo, "path": file.path}
             answer = known[file.path]
-            if answer is None:
-                items.append(
-                    {**base, "diff": None, "verdict": "no_answer", "reason": "the CPU lane did not answer"}
-                )
+            if answer is None or answer["answer"] is None:
+                reason = answer["reason"] if answer else "the CPU lane did not answer"
+                items.append({**base, "diff": None, "verdict": "no_answer", "reason": reason})
                 continue
             parsed = parse_diff(answer["answer"], file.path)
             if isinstance(parsed, tuple):

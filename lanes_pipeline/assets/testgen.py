@@ -18,6 +18,7 @@ from lanes_pipeline.assets.cpu_common import (
     memo_key,
     ratio,
     read_partition,
+    remembered_answer,
     repo_location,
     write_partition,
 )
@@ -107,11 +108,11 @@ def generated_tests(
             usage.add(result)
             asked += len(requests)
             for file, item in zip(missing, result.results, strict=True):
-                if item.status != "ok" or item.text is None:
-                    transient += 1
-                    continue
-                known[file.path] = {"answer": item.text}
-                answers.put(keys[file.path], known[file.path])
+                known[file.path] = remembered_answer(item)
+                if known[file.path] is None:
+                    transient += 1  # not remembered: the next run asks again
+                else:
+                    answers.put(keys[file.path], known[file.path])
         for file in targets:
             answer = known[file.path]
             base = {
@@ -120,10 +121,9 @@ def generated_tests(
                 "module": module_name(file.path),
                 "test_file": test_module_name(file.path),
             }
-            if answer is None:
-                items.append(
-                    {**base, "code": None, "verdict": "no_answer", "reason": "the CPU lane did not answer"}
-                )
+            if answer is None or answer["answer"] is None:
+                reason = answer["reason"] if answer else "the CPU lane did not answer"
+                items.append({**base, "code": None, "verdict": "no_answer", "reason": reason})
                 continue
             code = extract_block(answer["answer"], ("python", "py")).strip() + "\n"
             verdict_key = memo_key(
