@@ -39,6 +39,7 @@ lint: $(STAMPS)/venv
 	$(BIN)/ruff format --check lanes_pipeline lanes_pipeline_tests
 
 bench: setup
+	$(BIN)/python -m pip install -q $(PIP_CONSTRAINTS) -e ".[bench]"
 	$(BIN)/python -m lanes_pipeline.bench
 
 clean:

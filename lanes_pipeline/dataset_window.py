@@ -127,14 +127,19 @@ def fingerprint(dirs: Sequence[str | Path]) -> str:
 
 
 def save_dataset(folder: Path, train: list[dict[str, Any]], eval_rows: list[dict[str, Any]]) -> Path:
-    """Write a DatasetDict in the contract's format (used by tests and the benchmark for fixture data)."""
-    from datasets import Dataset, DatasetDict
+    """Write a DatasetDict in the contract's format (tests and the benchmark use it for fixture data)."""
+    from datasets import Dataset, DatasetDict, Features, List, Value
 
-    for row in [*train, *eval_rows]:
-        check_row(row)
-    DatasetDict({"train": Dataset.from_list(train), "eval": Dataset.from_list(eval_rows)}).save_to_disk(
-        str(folder)
-    )
+    message = {"role": Value("string"), "content": Value("string")}
+    features = Features({"messages": List(message), "task": Value("string"), "content_hash": Value("string")})
+    splits = {}
+    for name, rows in (("train", train), ("eval", eval_rows)):
+        for row in rows:
+            check_row(row)
+        columns = {key: [row[key] for row in rows] for key in ("messages", "task", "content_hash")}
+        splits[name] = Dataset.from_dict(columns, features=features)  # an empty split keeps its schema
+    # One shard per split, even an empty one: datasets writes no file for 0 shards and cannot load that.
+    DatasetDict(splits).save_to_disk(str(folder), num_shards=dict.fromkeys(splits, 1))
     return folder
 
 

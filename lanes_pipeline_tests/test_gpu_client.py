@@ -24,6 +24,7 @@ from lanes_pipeline.lanes.gpu import (
     AdapterNotLoadedError,
     AdapterPathNotFoundError,
     AdapterRankError,
+    SleepModeUnavailableError,
     VllmClient,
 )
 from lanes_pipeline.lanes.openai_api import ChatMessage, ChatRequest
@@ -189,3 +190,10 @@ def test_incompatible_adapters_are_refused_before_any_load(
         with pytest.raises(IncompatibleAdapterError, match=re.escape(words)):
             service.promote(registry.get(name), reason="test")
     assert client.adapters() == []  # nothing reached vLLM
+
+
+def test_the_cpu_build_has_no_sleep_mode_and_the_error_says_what_to_set(client: VllmClient) -> None:
+    with pytest.raises(SleepModeUnavailableError, match=re.escape("gpu_lane.sleep_mode: false")):
+        client.sleep(1)
+    with pytest.raises(SleepModeUnavailableError, match="--enable-sleep-mode"):
+        client.is_sleeping()

@@ -75,6 +75,8 @@ def pick_device(requested: str) -> tuple[Any, Any]:
     """CUDA when asked or available, with bf16 where the GPU supports it; otherwise the CPU in fp32."""
     import torch
 
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device 'cuda' was asked for, but torch {torch.__version__} sees no CUDA device")
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.device("cuda"), dtype
@@ -245,7 +247,13 @@ def train_trl(
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+
+    try:
+        from trl import SFTConfig, SFTTrainer
+    except ImportError as exc:
+        raise RuntimeError(
+            "trainer: trl needs TRL: pip install -e '.[bench]' (or set trainer: loop)"
+        ) from exc
 
     pairs = []
     for row in rows:

@@ -1,0 +1,124 @@
+"""`lanes adapters list|promote DATE|rollback|restore`: the GPU lane's adapter versions and stable alias."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import click
+
+from lanes_pipeline.adapter_serving import AdapterService, ServingError
+from lanes_pipeline.adapters import IncompatibleAdapterError, UnknownVersionError, supported_target_modules
+from lanes_pipeline.lanes.errors import LaneError
+from lanes_pipeline.lanes.gpu import VllmClient
+from lanes_pipeline.resources.adapter_registry import AdapterRegistryResource
+from lanes_pipeline.resources.gpu_lane import GpuLaneResource
+from lanes_pipeline.resources.lora_training import LoraTrainingResource
+from lanes_pipeline.settings import ConfigError, load_settings
+
+
+@click.group()
+def adapters() -> None:
+    """The GPU lane's LoRA adapter versions, and where the stable alias points."""
+
+
+def _resources() -> tuple[GpuLaneResource, AdapterRegistryResource, LoraTrainingResource]:
+    settings = load_settings()
+    return (
+        GpuLaneResource.from_config(settings.lanes.gpu_lane),
+        AdapterRegistryResource(),
+        LoraTrainingResource.from_config(settings.training),
+    )
+
+
+def _service(
+    gpu_lane: GpuLaneResource, registry: AdapterRegistryResource, training: LoraTrainingResource
+) -> AdapterService:
+    url = gpu_lane.running_url()
+    if url is None:
+        raise click.ClickException("the embedded GPU lane is not running; start it with `lanes serve gpu`")
+    return AdapterService(
+        client=VllmClient(url, gpu_lane.api_key(), timeout_s=gpu_lane.request_timeout_s),
+        registry=registry.registry(),
+        base_model=gpu_lane.served_model_name,
+        alias=gpu_lane.alias_name,
+        max_loaded=gpu_lane.max_loaded_versions,
+        max_lora_rank=gpu_lane.max_lora_rank,
+        supported_modules=supported_target_modules(training.base_model_path()),
+    )
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+@adapters.command("list")
+def list_versions() -> None:
+    """Every version: day, status, eval loss, and which one the alias points at."""
+    try:
+        gpu_lane, registry_resource, _training = _resources()
+    except ConfigError as exc:
+        raise _fail(exc) from None
+    registry = registry_resource.registry()
+    target = registry.alias_target(gpu_lane.alias_name)
+    versions = registry.versions()
+    if not versions:
+        click.echo(f"no adapter versions in {registry.path}")
+        return
+    click.echo(f"{'':2}{'version':28} {'status':12} {'eval loss':>9} {'task':>5}  path")
+    for version in versions:
+        figures = version.evaluation.get("figures", {}).get("candidate", {})
+        loss = f"{figures['eval_loss']:.4f}" if "eval_loss" in figures else "-"
+        task = f"{figures['task_score']:.2f}" if "task_score" in figures else "-"
+        mark = "* " if target is not None and target.name == version.name else "  "
+        click.echo(f"{mark}{version.name:28} {version.status:12} {loss:>9} {task:>5}  {version.path}")
+    click.echo(f"* = {gpu_lane.alias_name}")
+
+
+@adapters.command()
+@click.argument("day", type=click.DateTime(formats=["%Y-%m-%d"]))
+@click.option("--version", "name", default=None, help="a version name of that day (default: its latest)")
+def promote(day: object, name: str | None) -> None:
+    """Load DAY's adapter and move the alias to it, whatever its evaluation said."""
+    the_day: date = day.date()  # type: ignore[attr-defined]
+    try:
+        gpu_lane, registry_resource, training = _resources()
+        registry = registry_resource.registry()
+        versions = registry.versions(the_day)
+        if name is not None:
+            version = registry.get(name)
+        elif versions:
+            version = versions[-1]
+        else:
+            raise click.ClickException(f"no adapter version for {the_day} in {registry.path}")
+        service = _service(gpu_lane, registry_resource, training)
+        with service.client:
+            report = service.promote(version, reason="cli promote")
+    except (ConfigError, LaneError, ServingError, IncompatibleAdapterError, UnknownVersionError) as exc:
+        raise _fail(exc) from None
+    click.echo(f"{report.alias} -> {report.version} ({report.path}) in {report.seconds:.2f} s")
+
+
+@adapters.command()
+def rollback() -> None:
+    """Move the alias back to the previous promoted version."""
+    try:
+        gpu_lane, registry_resource, training = _resources()
+        service = _service(gpu_lane, registry_resource, training)
+        with service.client:
+            report = service.rollback()
+    except (ConfigError, LaneError, ServingError, IncompatibleAdapterError, UnknownVersionError) as exc:
+        raise _fail(exc) from None
+    click.echo(f"{report.alias} -> {report.version} ({report.path}) in {report.seconds:.2f} s")
+
+
+@adapters.command()
+def restore() -> None:
+    """Register the alias and the recent versions again (what the sensor does after a vLLM restart)."""
+    try:
+        gpu_lane, registry_resource, training = _resources()
+        service = _service(gpu_lane, registry_resource, training)
+        with service.client:
+            restored = service.restore()
+    except (ConfigError, LaneError, ServingError, IncompatibleAdapterError, UnknownVersionError) as exc:
+        raise _fail(exc) from None
+    click.echo(f"restored {', '.join(restored)}" if restored else f"{gpu_lane.alias_name} is served already")

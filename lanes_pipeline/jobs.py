@@ -1,0 +1,55 @@
+"""Jobs. Each is listed in JOBS, which definitions.py registers; add new jobs there."""
+
+from dagster import (
+    AssetSelection,
+    Backoff,
+    Jitter,
+    OpExecutionContext,
+    RetryPolicy,
+    define_asset_job,
+    job,
+    op,
+)
+
+from lanes_pipeline.assets.gpu_lane import service_for
+from lanes_pipeline.resources.adapter_registry import AdapterRegistryResource
+from lanes_pipeline.resources.gpu_lane import GpuLaneResource
+from lanes_pipeline.resources.lora_training import LoraTrainingResource
+
+
+@op(description="Move the GPU lane's adapter alias back to the previous promoted version.")
+def rollback_adapter_alias(
+    context: OpExecutionContext,
+    gpu_lane: GpuLaneResource,
+    adapter_registry: AdapterRegistryResource,
+    lora_training: LoraTrainingResource,
+) -> str:
+    with gpu_lane.vllm() as client:
+        report = service_for(gpu_lane, adapter_registry, lora_training, client).rollback()
+    context.log.info(f"{report.alias} -> {report.version} ({report.path}) in {report.seconds:.2f} s")
+    return report.version
+
+
+@job(description="Roll the GPU lane's adapter alias back to the previous promoted version (seconds).")
+def rollback_adapter_job() -> None:
+    rollback_adapter_alias()
+
+
+# The daily loop: one run per day materializes the whole graph for that day's partition (the daily
+# partitions of the selected assets). Whatever asset
+# lands in the code location is in it (AssetSelection.all(), with its checks); the unpartitioned lane probes
+# run in every run, so their tokens/s plot over the days. A lane call that fails after the clients' own
+# retries (a server restarting, a timeout) gets the step retried, later, with backoff.
+LANE_RETRY = RetryPolicy(max_retries=2, delay=30, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
+DAILY_JOB_TAG = "lanes/job"
+
+daily_lanes_job = define_asset_job(
+    name="daily_lanes",
+    selection=AssetSelection.all(),
+    description="The day's whole pipeline: the CPU lane's batch work over the repositories, the LoRA "
+    "dataset, then the adapter trained, judged and served on the GPU lane.",
+    run_tags={DAILY_JOB_TAG: "daily_lanes"},
+    op_retry_policy=LANE_RETRY,
+)
+
+JOBS = [rollback_adapter_job, daily_lanes_job]
