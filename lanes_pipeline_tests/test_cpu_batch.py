@@ -38,6 +38,7 @@ class TwoRuns:
     after: LaneCounters
     sampler: MetricsSampler
     counted_prompt_tokens: int  # /tokenize's count for item 0, before sending it
+    cache_path: Path
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def two_runs(
         between = client.counters()
         second = run_batch(cpu_server.url, cache_path, config, requests)
         after = client.counters()
-    return TwoRuns(first, second, before, between, after, sampler, counted)
+    return TwoRuns(first, second, before, between, after, sampler, counted, cache_path)
 
 
 def test_batch_of_20_completes_with_results_in_input_order(two_runs: TwoRuns) -> None:
@@ -86,6 +87,21 @@ def test_rerun_sends_no_request_by_the_servers_own_counters(two_runs: TwoRuns) -
     second = two_runs.second.summary
     assert (second.cache_hits, second.requests_sent, second.answered) == (BATCH_SIZE, 0, 0)
     assert [r.text for r in two_runs.second.results] == [r.text for r in two_runs.first.results]
+
+
+def test_other_weights_behind_the_same_alias_never_hit_old_entries(
+    two_runs: TwoRuns, cpu_server: EmbeddedServer, settings: Settings
+) -> None:
+    request = questions(1)  # answered and cached by the two runs
+    same = run_batch(cpu_server.url, two_runs.cache_path, batch_config(settings), request)
+    assert same.summary.cache_hits == 1
+    # Another configured model behind the same alias "smollm2": a new fingerprint, so it is asked again.
+    other = run_batch(
+        cpu_server.url, two_runs.cache_path, batch_config(settings, configured_model="other"), request
+    )
+    assert other.summary.cache_hits == 0 and other.summary.answered == 1
+    assert other.server.fingerprint != same.server.fingerprint
+    assert other.results[0].key != same.results[0].key
 
 
 def test_per_request_metrics_are_stored_with_each_response(two_runs: TwoRuns) -> None:

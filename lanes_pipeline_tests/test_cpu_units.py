@@ -14,6 +14,7 @@ import click
 import pytest
 from pydantic import BaseModel, field_validator
 
+from lanes_pipeline.bench.cpu_lane import fixed_prefix_requests, naive_requests, shared_prefix_limit
 from lanes_pipeline.cli.cpu import BatchLine, read_batch_file
 from lanes_pipeline.lanes.batch import (
     BatchProgress,
@@ -384,3 +385,12 @@ def test_batch_file_forms_and_errors(tmp_path: Path) -> None:
     assert ":1: " in error.value.message and ":2: " in error.value.message and "nope" in error.value.message
     with pytest.raises(ValueError, match="needs an input"):
         BatchLine(task="short_answer")
+
+
+def test_bench_shared_prefix_limit_and_naive_layout() -> None:
+    assert shared_prefix_limit([[1, 2, 3, 4], [1, 2, 3, 9], [7, 2, 3, 4]]) == pytest.approx(3 / 12)
+    assert shared_prefix_limit([[5, 6], [5, 6]]) == pytest.approx(0.5)  # the first prompt can never reuse
+    fixed, naive = fixed_prefix_requests(["f(x)", "g(y)"]), naive_requests(["f(x)", "g(y)"])
+    assert fixed[0].messages[0].content == fixed[1].messages[0].content
+    assert naive[0].messages[0].content.startswith("Function: f(x)")  # the varying part first
+    assert fixed[0].messages[0].content in naive[0].messages[0].content  # the same words, other order

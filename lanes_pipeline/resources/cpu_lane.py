@@ -23,7 +23,14 @@ from typing import Any, ClassVar, Literal, Protocol
 from dagster import Failure, MetadataValue
 
 from lanes_pipeline.lanes.bandwidth import YieldEvent, YieldPolicy, yielding_to_gpu
-from lanes_pipeline.lanes.batch import BatchConfig, BatchProgress, BatchRequest, BatchResult, BatchRunner
+from lanes_pipeline.lanes.batch import (
+    BatchConfig,
+    BatchProgress,
+    BatchRequest,
+    BatchResult,
+    BatchRunner,
+    ProgressCallback,
+)
 from lanes_pipeline.lanes.cache import ResponseCache
 from lanes_pipeline.lanes.cpu import CpuClient
 from lanes_pipeline.lanes.embedded import LaneName, running_embedded_url
@@ -161,7 +168,7 @@ class CpuLaneResource(LaneResource):
         requests: Sequence[BatchRequest],
         log: InfoLog | None = None,
         label: str = "batch",
-        progress: Any = None,
+        progress: ProgressCallback | None = None,
         log_every_s: float = 30.0,
     ) -> BatchResult:
         """Run `requests`; results come back in input order. `log` (e.g. `context.log`) gets progress lines
