@@ -31,7 +31,9 @@ def build_definitions(settings: Settings) -> Definitions:
             "cpu_lane": CpuLaneResource.from_config(
                 settings.lanes.cpu_lane, bandwidth=settings.lanes.bandwidth, gpu=settings.lanes.gpu_lane
             ),
-            "gpu_lane": GpuLaneResource.from_config(settings.lanes.gpu_lane),
+            "gpu_lane": GpuLaneResource.from_config(
+                settings.lanes.gpu_lane, bandwidth=settings.lanes.bandwidth, cpu=settings.lanes.cpu_lane
+            ),
             "artifact_store": ArtifactStoreResource(),
             "pipeline_settings": PipelineSettingsResource(),
             "adapter_registry": AdapterRegistryResource(),

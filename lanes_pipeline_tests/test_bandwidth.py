@@ -15,6 +15,7 @@ from lanes_pipeline.lanes.bandwidth import (
     LaneLoad,
     YieldPolicy,
     YieldReport,
+    cpu_active_requests,
     gpu_running_requests,
     in_flight_cap,
     observe,
@@ -26,6 +27,7 @@ from lanes_pipeline.lanes.embedded import EmbeddedServer
 from lanes_pipeline.lanes.gpu import VllmClient
 from lanes_pipeline.lanes.openai_api import ChatMessage, ChatRequest
 from lanes_pipeline.resources.cpu_lane import CpuLaneResource
+from lanes_pipeline.resources.gpu_lane import GpuLaneResource
 from lanes_pipeline.settings import BandwidthConfig, ConfigError, Settings, load_settings, project_root
 from lanes_pipeline_tests.cpu_fixtures import questions
 
@@ -268,3 +270,38 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
         f"({report.yields} time(s)); llama-server processing: max {max(capped):g} over {len(capped)} samples "
         f"while capped, max {max(free):g} over {len(free)} samples after; {load.answered} interactive answers"
     )
+
+
+@pytest.mark.cpu_lane
+def test_training_waits_while_a_cpu_lane_batch_holds_the_bandwidth(
+    cpu_server: EmbeddedServer, settings: Settings, tmp_path: Path
+) -> None:
+    """What lora_adapter does before training, against the real llama-server: start at once on a quiet
+    CPU lane; wait while a batch runs, and start once it has been quiet for quiet_s."""
+    gpu_lane = GpuLaneResource.from_config(
+        settings.lanes.gpu_lane,
+        bandwidth=BandwidthConfig(quiet_s=1.0, poll_s=0.1),
+        cpu=settings.lanes.cpu_lane.model_copy(update={"base_url": cpu_server.url}),
+    )
+    idle = gpu_lane.wait_for_quiet_cpu_lane()
+    assert idle is not None and idle.quiet and idle.polls == 1 and idle.waited_s < 1
+
+    cpu_lane = CpuLaneResource(
+        base_url=cpu_server.url, yield_to_gpu=False, cache_path=str(tmp_path / "cache.sqlite3")
+    )
+    finished: list[float] = []
+    batch = threading.Thread(
+        target=lambda: (cpu_lane.run_batch(questions(6, max_tokens=24)), finished.append(time.monotonic()))
+    )
+    batch.start()
+    deadline = time.monotonic() + 60
+    with CpuClient(cpu_server.url) as client:
+        while (cpu_active_requests(client) or 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    busy_seen: list[float] = []
+    waited = gpu_lane.wait_for_quiet_cpu_lane(on_busy=busy_seen.append)
+    started_training = time.monotonic()
+    batch.join(timeout=300)
+    assert waited is not None and waited.quiet and waited.max_active >= 1 and busy_seen
+    assert finished and started_training >= finished[0] + 0.9  # after the batch and ~a quiet second
+    assert not gpu_lane.model_copy(update={"training_waits_for_cpu_lane": False}).wait_for_quiet_cpu_lane()

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from dagster import (
+    AssetDep,
     AssetExecutionContext,
     AssetKey,
     Failure,
     MaterializeResult,
     MetadataValue,
+    TimeWindowPartitionMapping,
     asset,
 )
 
@@ -45,6 +47,9 @@ from lanes_pipeline.training.spec import LOSS_CURVE, EvalSpec, TrainSpec, TrainS
 
 GROUP, POOL = "gpu_lane", "gpu_lane"
 LORA_DATASET = AssetKey("lora_dataset")
+PREVIOUS_DAY_ADAPTER = AssetDep(
+    AssetKey("lora_adapter"), partition_mapping=TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+)
 
 
 def _day(context: AssetExecutionContext) -> date:
@@ -125,7 +130,9 @@ def _training_metadata(version: Version, summary: TrainSummary, reused: bool) ->
     partitions_def=DAILY,
     group_name=GROUP,
     pool=POOL,
-    deps=[LORA_DATASET],
+    # Day order: day D's adapter trains only after day D-1's (a backfill runs the days of a self-dependent
+    # asset in order; with one backfill run at a time, dagster.yaml, D-1 is also judged and served first).
+    deps=[LORA_DATASET, PREVIOUS_DAY_ADAPTER],
     # A window without a single training row yields nothing: evaluation and serving are skipped, the alias
     # stays where it is, and the run still succeeds (a quiet day is not an error).
     output_required=False,
@@ -179,6 +186,14 @@ def lora_adapter(
     spec = TrainSpec.from_config(
         config, str(base_dir), [str(d) for d in dirs], str(folder / name), device=lora_training.device
     )
+    waited = gpu_lane.wait_for_quiet_cpu_lane(
+        on_busy=lambda n: context.log.info(f"waiting: the CPU lane has {n:g} request(s) in progress")
+    )
+    if waited is not None and not waited.quiet:
+        raise Failure(
+            f"the CPU lane stayed busy for {waited.waited_s:.0f} s: training would fight it for memory "
+            "bandwidth (bandwidth.training_wait_max_s in configs/lanes.yaml); the step is retried later"
+        )
     context.log.info(f"training {name} on {len(dirs)} day(s) of data: {', '.join(d.name for d in dirs)}")
     freeing_gpu = gpu_lane.sleep_mode and _trains_on_cuda(lora_training.device)
     log_path = data_dir() / "logs" / f"training-{name}.log"
@@ -189,7 +204,10 @@ def lora_adapter(
     context.log.info(
         f"{name}: {summary.steps} steps, final loss {summary.final_loss:.4f}, {summary.tokens_per_s} tok/s"
     )
-    yield MaterializeResult(metadata=_training_metadata(version, summary, reused=False))
+    waited_s = waited.waited_s if waited is not None else 0.0
+    yield MaterializeResult(
+        metadata={**_training_metadata(version, summary, reused=False), "waited_for_cpu_lane_s": waited_s}
+    )
 
 
 def _trains_on_cuda(device: str) -> bool:
