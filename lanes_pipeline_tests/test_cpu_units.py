@@ -34,7 +34,7 @@ from lanes_pipeline.lanes.batch import (
 )
 from lanes_pipeline.lanes.cache import CacheEntry, FailureRecord, ResponseCache, WeightsIdentity, cache_key
 from lanes_pipeline.lanes.cpu import ServerProps, SlotState, per_slot_context, shrink_keep_tokens
-from lanes_pipeline.lanes.metrics import MetricsSnapshot, parse_lane_counters
+from lanes_pipeline.lanes.metrics import MetricsSnapshot, busy_slots_between, parse_lane_counters
 from lanes_pipeline.lanes.openai_api import ChatMessage, ChatResponse, Timings, Usage
 from lanes_pipeline.prompts import SHORT_ANSWER, PromptLayout, TaskKind, register
 
@@ -97,6 +97,16 @@ def test_vllm_metrics_sum_over_labels_and_skip_buckets() -> None:
     assert counters.prefix_cache_hit_ratio == pytest.approx(0.4)
     later = counters.model_copy(update={"prompt_tokens_total": 160.0, "generation_tokens_total": 70.0})
     assert later.tokens_since(counters) == (10, 6)
+
+
+def test_busy_slots_per_decode_between_two_scrapes() -> None:
+    before = parse_lane_counters(
+        LLAMACPP_METRICS + "llamacpp:n_decode_total 100\nllamacpp:n_busy_slots_per_decode 1\n"
+    )
+    after = before.model_copy(update={"decode_calls_total": 300.0, "busy_slots_per_decode": 1.5})
+    assert busy_slots_between(before, after) == pytest.approx((450 - 100) / 200)  # 1.75 busy in between
+    assert busy_slots_between(before, before) is None
+    assert busy_slots_between(parse_lane_counters(LLAMACPP_METRICS), after) is None  # ik: not reported
 
 
 def test_metrics_that_are_no_lane_metrics_are_an_error() -> None:

@@ -252,7 +252,9 @@ class CpuClient(OpenAIClient):
         """Everything a batch reads before it starts: slots, context, and the weights' fingerprint."""
         props_response = self.expect_ok(self.request("GET", "/props"))
         props = ServerProps.model_validate(props_response.json())
-        slots = self.slots()
+        # /slots waits for the server's next decode step; ask it only when /props lacks the context.
+        has_context = props.total_slots and (props.n_ctx or props.slot_n_ctx)
+        slots = None if has_context else self.slots()
         models = self.models()
         n_ctx, per_slot, source = per_slot_context(props, slots)
         return ServerInfo(

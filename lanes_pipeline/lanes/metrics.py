@@ -71,6 +71,9 @@ class LaneCounters(BaseModel):
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
     prompt_tokens_cached_total: float | None = None  # recent mainline llama-server only
+    # Mainline llama-server only: decode calls, and the running average of busy slots per call.
+    decode_calls_total: float | None = None
+    busy_slots_per_decode: float | None = None
     prompt_seconds_total: float | None = None
     generation_seconds_total: float | None = None
 
@@ -88,6 +91,20 @@ class LaneCounters(BaseModel):
         )
 
 
+def busy_slots_between(before: LaneCounters, after: LaneCounters) -> float | None:
+    """Average busy slots per decode call between two scrapes: how well a client kept the slots full.
+
+    Mainline reports a running average since start; average x calls gives the busy-slot total to diff.
+    """
+    calls_before, average_before = before.decode_calls_total, before.busy_slots_per_decode
+    calls_after, average_after = after.decode_calls_total, after.busy_slots_per_decode
+    if calls_before is None or average_before is None or calls_after is None or average_after is None:
+        return None
+    if calls_after <= calls_before:
+        return None
+    return (average_after * calls_after - average_before * calls_before) / (calls_after - calls_before)
+
+
 def lane_counters(snapshot: MetricsSnapshot) -> LaneCounters:
     """Map a scrape to LaneCounters; a missing core counter means the wrong endpoint, so it raises."""
     engine = snapshot.engine
@@ -103,6 +120,8 @@ def lane_counters(snapshot: MetricsSnapshot) -> LaneCounters:
             requests_running=snapshot.get("llamacpp:requests_processing") or 0.0,
             requests_waiting=snapshot.get("llamacpp:requests_deferred"),
             prompt_tokens_cached_total=snapshot.get("llamacpp:prompt_tokens_cached_total"),
+            decode_calls_total=snapshot.get("llamacpp:n_decode_total"),
+            busy_slots_per_decode=snapshot.get("llamacpp:n_busy_slots_per_decode"),
             prompt_seconds_total=snapshot.get("llamacpp:prompt_seconds_total"),
             generation_seconds_total=snapshot.get("llamacpp:tokens_predicted_seconds_total"),
         )
