@@ -193,3 +193,33 @@ def test_a_window_without_training_rows_skips_training_evaluation_and_serving(
     assert result.get_asset_materialization_events() == []
     skipped = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SKIPPED"}
     assert skipped == {"adapter_evaluation", "served_adapter"}
+
+
+def test_our_assistant_loss_equals_the_models_own(settings: Settings) -> None:
+    """The loop computes logits at labelled positions only; the number must not change."""
+    import torch
+
+    from lanes_pipeline.training.data import collate, encode_chat, pack
+    from lanes_pipeline.training.trainer import (
+        _shifted_label_count,
+        _tensors,
+        assistant_loss,
+        load_tokenizer,
+        peft_model,
+    )
+    from lanes_pipeline_tests.lora_fixtures import ANSWER, TRAIN_QUESTIONS, chat
+
+    base = str(engines.embedded_hf_model(settings.data_dir).resolve())
+    tokenizer = load_tokenizer(base)
+    examples = [encode_chat(tokenizer, chat(q, ANSWER), 512) for q in TRAIN_QUESTIONS[:3]]
+    spec = TrainSpec(base_model_dir=base, dataset_dirs=["/unused"], output_dir="/unused", device="cpu")
+    model = peft_model(spec, torch.device("cpu"), torch.float32)
+    model.eval()
+    rows = [e for e in examples if e is not None]
+    for packed in (False, True):
+        batch = collate(pack(rows, 512) if packed else rows, tokenizer.pad_token_id, packed=packed)
+        items = _shifted_label_count(batch)
+        with torch.no_grad():
+            ours = assistant_loss(model, _tensors(batch, "cpu"), items)
+            theirs = model(**_tensors(batch, "cpu"), num_items_in_batch=items).loss
+        assert float(ours) == pytest.approx(float(theirs), rel=1e-4)

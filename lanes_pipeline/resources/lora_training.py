@@ -31,6 +31,7 @@ class LoraTrainingResource(ConfigurableResource):
     replay_window_days: int = 7
     trainer: Literal["loop", "trl"] = "loop"
     warmup_steps: int = 0
+    gradient_checkpointing: bool = False
     eval_loss_margin: float = 0.01
     task_score_tolerance: float = 0.0
     eval_max_samples: int = 64

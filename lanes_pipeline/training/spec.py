@@ -33,6 +33,7 @@ class TrainSpec(Spec):
     gradient_accumulation_steps: int = 1
     warmup_steps: int = 0
     packing: bool = False
+    gradient_checkpointing: bool = False
     group_by_length: bool = True
     trainer: Literal["loop", "trl"] = "loop"
     max_train_samples: int | None = None
@@ -59,6 +60,7 @@ class TrainSpec(Spec):
             warmup_steps=config.warmup_steps,
             max_seq_len=config.max_seq_len,
             packing=config.packing,
+            gradient_checkpointing=config.gradient_checkpointing,
             seed=config.seed,
             trainer=config.trainer,
             **extra,

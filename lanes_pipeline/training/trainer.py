@@ -127,6 +127,24 @@ def _tensors(batch: Collated, device: Any) -> dict[str, Any]:
     return tensors
 
 
+def assistant_loss(model: Any, tensors: dict[str, Any], num_items: int) -> Any:
+    """Summed cross-entropy over the labelled (assistant) positions, divided by `num_items` (the labelled
+    tokens of the whole accumulation group, so micro-batches add up to the group's mean).
+
+    The vocabulary projection runs on the labelled positions only: with a 49k vocabulary it is a fifth of
+    a small model's compute, and its logits are the largest activation; the loss is the same as the
+    model's own (test_training_process checks it)."""
+    import torch
+
+    labels = tensors.pop("labels")
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = causal.model(**tensors).last_hidden_state
+    targets = labels[:, 1:]
+    keep = targets != IGNORE
+    logits = causal.lm_head(hidden[:, :-1][keep]).float()
+    return torch.nn.functional.cross_entropy(logits, targets[keep], reduction="sum") / num_items
+
+
 def _shifted_label_count(batch: Collated) -> int:
     # The model predicts token t+1 from token t: the first label of every row is never scored.
     return sum(1 for row in batch.labels for label in row[1:] if label != IGNORE)
@@ -159,6 +177,9 @@ def peft_model(spec: TrainSpec, device: Any, dtype: Any) -> Any:
 
     model = AutoModelForCausalLM.from_pretrained(spec.base_model_dir, dtype=dtype).to(device)
     model.config.use_cache = False
+    if spec.gradient_checkpointing:  # activations recomputed in backward: less memory, more compute
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
     return get_peft_model(model, lora_config(spec))
 
 
@@ -200,9 +221,9 @@ def train_loop(
         items = sum(_shifted_label_count(batch) for batch in group)
         step_loss = 0.0
         for batch in group:
-            output = model(**_tensors(batch, device), num_items_in_batch=max(1, items))
-            output.loss.backward()
-            step_loss += float(output.loss.detach())
+            loss = assistant_loss(model, _tensors(batch, device), max(1, items))
+            loss.backward()
+            step_loss += float(loss.detach())
             tokens += batch.real_tokens
             padded += sum(len(row) for row in batch.input_ids)
             micro_batches += 1
@@ -297,6 +318,7 @@ def train_trl(
             warmup_steps=spec.warmup_steps,
             weight_decay=0.0,
             max_grad_norm=1.0,
+            gradient_checkpointing=spec.gradient_checkpointing,  # TRL's default is True; ours is the config's
             max_length=spec.max_seq_len,
             packing=spec.packing,
             seed=spec.seed,
@@ -309,8 +331,20 @@ def train_trl(
             dataloader_num_workers=0,
             disable_tqdm=True,
         )
+
+        class CountingSFTTrainer(SFTTrainer):  # type: ignore[misc]
+            """Counts the tokens of the batches it trains on (the dataloader fetches one ahead)."""
+
+            def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+                ids = inputs["input_ids"]
+                mask = inputs.get("attention_mask")
+                counts["tokens"] += int(mask.sum()) if mask is not None else int(ids.numel())  # padding-free
+                counts["padded"] += int(ids.numel())
+                counts["trained"] += int((inputs["labels"][..., 1:] != IGNORE).sum())
+                return super().training_step(model, inputs, *args, **kwargs)
+
         model = AutoModelForCausalLM.from_pretrained(spec.base_model_dir, dtype=dtype)
-        trainer = SFTTrainer(
+        trainer = CountingSFTTrainer(
             model=model,
             args=config,
             train_dataset=Dataset.from_list(pairs),
@@ -318,19 +352,6 @@ def train_trl(
             peft_config=lora_config(spec),
             callbacks=[Relay()],
         )
-        collator = trainer.data_collator
-
-        def counting(features: Any) -> Any:
-            batch = collator(features)
-            if "attention_mask" in batch:
-                counts["tokens"] += int(batch["attention_mask"].sum())
-            else:  # padding-free: one flat row, no padding
-                counts["tokens"] += int(batch["input_ids"].numel())
-            counts["padded"] += int(batch["input_ids"].numel())
-            counts["trained"] += int((batch["labels"][..., 1:] != IGNORE).sum())
-            return batch
-
-        trainer.data_collator = counting
         trainer.train()
         steps = trainer.state.global_step
     return {
