@@ -232,7 +232,7 @@ class TrainingConfig(StrictModel):
     replay_window_days: int = Field(7, ge=1)
     trainer: Literal["loop", "trl"] = Field("loop", description="our loop, or TRL's SFTTrainer ([bench])")
     warmup_steps: int = Field(0, ge=0)
-    gradient_checkpointing: bool = Field(False, description="recompute activations: less memory, more compute")
+    gradient_checkpointing: bool = Field(False, description="recompute activations: less memory")
     eval_loss_margin: float = Field(
         0.01, ge=0, lt=1, description="promote only if eval loss is this fraction below base and current"
     )
