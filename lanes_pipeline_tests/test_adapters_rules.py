@@ -1,4 +1,4 @@
-"""vLLM compatibility rules, naming, rollback and pruning decisions, and the SQLite registry: pure or local, fast."""
+"""vLLM compatibility rules, naming, rollback and pruning decisions, and the SQLite registry: fast."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_adapter_folder_is_checked_from_its_files(tmp_path: Path) -> None:
     assert supported_target_modules(base) == {"q_proj"}
     adapter = tmp_path / "adapter"
     adapter.mkdir()
-    with pytest.raises(IncompatibleAdapterError, match="adapter_model.safetensors: missing"):
+    with pytest.raises(IncompatibleAdapterError, match=r"adapter_model\.safetensors: missing"):
         check_adapter_dir(adapter, 16, {"q_proj"})
     (adapter / "adapter_config.json").write_text(json.dumps({**GOOD, "target_modules": ["q_proj"]}))
     _write_safetensors(

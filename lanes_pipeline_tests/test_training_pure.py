@@ -29,7 +29,7 @@ from lanes_pipeline.training.trainer import linear_schedule, total_steps
 
 def ex(n: int, start: int = 0) -> Example:
     ids = list(range(start, start + n))
-    return Example(input_ids=ids, labels=[IGNORE] + ids[1:])
+    return Example(input_ids=ids, labels=[IGNORE, *ids[1:]])
 
 
 def test_labels_mark_tokens_that_start_inside_assistant_spans() -> None:
@@ -85,7 +85,11 @@ def test_steps_from_epochs() -> None:
 
 def test_window_keeps_the_last_n_days_up_to_d() -> None:
     days = [date(2026, 11, d) for d in (1, 3, 6, 7, 9)]
-    assert window_days(date(2026, 11, 7), 5, days) == [date(2026, 11, 3), date(2026, 11, 6), date(2026, 11, 7)]
+    assert window_days(date(2026, 11, 7), 5, days) == [
+        date(2026, 11, 3),
+        date(2026, 11, 6),
+        date(2026, 11, 7),
+    ]
     assert window_days(date(2026, 11, 2), 1, days) == []
 
 
@@ -108,7 +112,10 @@ def test_rows_are_checked_against_the_contract() -> None:
 
 
 def test_window_reads_saved_days_from_the_artifact_store(tmp_path: Path) -> None:
-    rows = [make_row([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]) for i in range(3)]
+    rows = [
+        make_row([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}])
+        for i in range(3)
+    ]
     save_dataset(partition_dir(tmp_path, date(2026, 11, 1)), rows[:2], rows[2:])
     save_dataset(partition_dir(tmp_path, date(2026, 11, 2)), rows[1:2], rows[2:])
     (partition_dir(tmp_path, date(2026, 11, 3))).mkdir()  # an unfinished day is not in the window
