@@ -12,7 +12,7 @@ PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 # The persistent Dagster instance shared by `make run` and `make dev` (holds a link to ./dagster.yaml).
 export DAGSTER_HOME ?= $(CURDIR)/data/dagster_home
 
-.PHONY: run test dev lint bench setup clean
+.PHONY: run test dev lint bench setup browser clean
 
 $(STAMPS)/venv: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,13 @@ setup: $(STAMPS)/venv
 run: setup
 	$(BIN)/lanes run $(if $(DATE),--date $(DATE))
 
-test: setup
+# Headless Debian chromium for the UI screenshot test, installed with apt-get when missing (as root, or with
+# password-less sudo). Runs every time and is quick once chromium is there; where it cannot be installed, the
+# reason is written to .stamps/chromium-unavailable and that one test skips with it.
+browser: $(STAMPS)/venv
+	$(BIN)/python -m lanes_pipeline_tests.browser
+
+test: setup browser
 	$(BIN)/pytest
 
 dev: setup
