@@ -124,7 +124,12 @@ def _run(
     if overflow is not None:
         config = config.model_copy(update={"overflow": overflow})
     with running_lanes(settings, ("cpu",)) as endpoints:
-        resource = CpuLaneResource.from_config(config, base_url=endpoints.url("cpu"))
+        resource = CpuLaneResource.from_config(
+            config,
+            base_url=endpoints.url("cpu"),
+            bandwidth=settings.lanes.bandwidth,
+            gpu=settings.lanes.gpu_lane,
+        )
         bar = TqdmProgress(len(requests), show_progress)
         try:
             return resource.run_batch(requests, progress=bar)
