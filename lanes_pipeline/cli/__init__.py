@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
+from lanes_pipeline.cli.adapters import adapters
 from lanes_pipeline.cli.config import config
+from lanes_pipeline.cli.cpu import cpu
 from lanes_pipeline.cli.dev import dev
 from lanes_pipeline.cli.run import run
 from lanes_pipeline.cli.serve import serve
@@ -16,21 +18,5 @@ def main() -> None:
     """lanes_pipeline: CPU-lane batch work feeding daily LoRA adapters for the GPU lane."""
 
 
-main.add_command(config)
-main.add_command(serve)
-main.add_command(run)
-main.add_command(setup)
-main.add_command(dev)
-
-try:  # areas that land later register here
-    from lanes_pipeline.cli.cpu import cpu
-
-    main.add_command(cpu)
-except ImportError:  # pragma: no cover - only while the CPU-lane CLI is absent
-    pass
-try:
-    from lanes_pipeline.cli.adapters import adapters
-
-    main.add_command(adapters)
-except ImportError:  # pragma: no cover
-    pass
+for command in (config, setup, serve, run, dev, cpu, adapters):
+    main.add_command(command)
