@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import platform
+import signal
 import sys
 import time
 from datetime import UTC, datetime
@@ -29,7 +30,13 @@ def _markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(names: list[str]) -> None:
+    # A SIGTERM (a `timeout`, CI) unwinds like Ctrl-C, so each benchmark's finally-blocks stop its servers.
+    signal.signal(signal.SIGTERM, _interrupt)
     settings = load_settings()
     out_dir = settings.data_dir / "bench"
     out_dir.mkdir(parents=True, exist_ok=True)
