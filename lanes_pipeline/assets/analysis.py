@@ -18,6 +18,7 @@ from lanes_pipeline.assets.cpu_common import (
     write_partition,
 )
 from lanes_pipeline.assets.snapshot import repo_snapshot
+from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.lanes.batch import BatchRequest
 from lanes_pipeline.partitions import DAILY
 from lanes_pipeline.prompts import PromptLayout
@@ -57,6 +58,7 @@ def render_report(repos: list[dict[str, Any]]) -> str:
     deps=[repo_snapshot],
     description="Per-file structured analysis from the CPU lane; unchanged blobs reuse earlier answers.",
 )
+@with_host_figures
 def repo_analysis(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

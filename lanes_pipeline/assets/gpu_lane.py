@@ -35,6 +35,7 @@ from lanes_pipeline.adapters import (
 from lanes_pipeline.dataset_window import dataset_root, fingerprint, load_split, window_dirs
 from lanes_pipeline.evaluation import Figures as EvalFigures
 from lanes_pipeline.evaluation import TaskScore, promotion_decision, task_score
+from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.lanes.gpu import VllmClient, asleep
 from lanes_pipeline.partitions import DAILY
 from lanes_pipeline.resources.adapter_registry import AdapterRegistryResource
@@ -138,6 +139,7 @@ def _training_metadata(version: Version, summary: TrainSummary, reused: bool) ->
     output_required=False,
     description="PEFT LoRA trained in a subprocess on the window of lora_dataset days; a new version folder.",
 )
+@with_host_figures
 def lora_adapter(
     context: AssetExecutionContext,
     gpu_lane: GpuLaneResource,
@@ -236,6 +238,7 @@ def _task_scores(client: VllmClient, models: dict[str, str]) -> dict[str, TaskSc
     deps=[lora_adapter],
     description="Eval loss (held-out split) and a coding task score for base, current and candidate.",
 )
+@with_host_figures
 def adapter_evaluation(
     context: AssetExecutionContext,
     gpu_lane: GpuLaneResource,
@@ -327,6 +330,7 @@ def adapter_evaluation(
     description="The day's adapter loaded into vLLM under its version name; the stable alias moved to it if "
     "it passed evaluation.",
 )
+@with_host_figures
 def served_adapter(
     context: AssetExecutionContext,
     gpu_lane: GpuLaneResource,

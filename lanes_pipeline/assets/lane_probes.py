@@ -4,6 +4,7 @@ so a slower build, a changed flag or a bandwidth fight between the lanes shows u
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
+from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.lanes.probe import ProbeResult, probe
 from lanes_pipeline.resources.cpu_lane import CpuLaneResource
 from lanes_pipeline.resources.gpu_lane import GpuLaneResource
@@ -25,6 +26,7 @@ def _result(result: ProbeResult, url: str) -> MaterializeResult:
 
 
 @asset(group_name="lanes", pool="cpu_lane", description="One chat request to the CPU lane: tok/s, latency.")
+@with_host_figures
 def cpu_lane_probe(context: AssetExecutionContext, cpu_lane: CpuLaneResource) -> MaterializeResult:
     with cpu_lane.client() as client:
         result = probe(client, cpu_lane.model_alias)
@@ -33,6 +35,7 @@ def cpu_lane_probe(context: AssetExecutionContext, cpu_lane: CpuLaneResource) ->
 
 
 @asset(group_name="lanes", pool="gpu_lane", description="One chat request to the GPU lane: tok/s, latency.")
+@with_host_figures
 def gpu_lane_probe(context: AssetExecutionContext, gpu_lane: GpuLaneResource) -> MaterializeResult:
     with gpu_lane.client() as client:
         result = probe(client, gpu_lane.served_model_name)

@@ -21,6 +21,7 @@ from lanes_pipeline.assets.cpu_common import (
 )
 from lanes_pipeline.assets.refactor import refactor_proposals
 from lanes_pipeline.dataset import Candidate, load_token_counter, save_dataset, shape
+from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.lanes.engines import embedded_hf_model
 from lanes_pipeline.partitions import DAILY
 from lanes_pipeline.repos import read_blobs
@@ -105,6 +106,7 @@ def _no_tokens(messages: list[dict[str, str]]) -> int:
     deps=[refactor_proposals],
     description="Chat-format LoRA dataset of the day's accepted results (train/eval) and the replay window.",
 )
+@with_host_figures
 def lora_dataset(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

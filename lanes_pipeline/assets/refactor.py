@@ -22,6 +22,7 @@ from lanes_pipeline.assets.cpu_common import (
     write_partition,
 )
 from lanes_pipeline.assets.testgen import generated_tests, target_files
+from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.partitions import DAILY
 from lanes_pipeline.prompts import PromptLayout
 from lanes_pipeline.repos import read_blobs
@@ -41,6 +42,7 @@ from lanes_pipeline.verify import baseline_passes, check_diff
     deps=[generated_tests],
     description="Refactors as unified diffs, accepted only if they apply and every test passes with them.",
 )
+@with_host_figures
 def refactor_proposals(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

@@ -8,6 +8,7 @@ from datetime import date
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from lanes_pipeline.assets.cpu_common import md_table, repo_location, write_partition
+from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.partitions import DAILY
 from lanes_pipeline.repos import SelectionRules, take_snapshot
 from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
@@ -19,6 +20,7 @@ from lanes_pipeline.resources.pipeline_settings import PipelineSettingsResource
     group_name="cpu_lane",
     description="Each repository at the end of the day: commit, inventory, changes, left-out files, map.",
 )
+@with_host_figures
 def repo_snapshot(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

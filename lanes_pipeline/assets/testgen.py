@@ -22,6 +22,7 @@ from lanes_pipeline.assets.cpu_common import (
     repo_location,
     write_partition,
 )
+from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.partitions import DAILY
 from lanes_pipeline.prompts import PromptLayout
 from lanes_pipeline.repos import is_test_path, module_name, read_blobs
@@ -57,6 +58,7 @@ def test_notes(analysis_repo: dict[str, Any] | None, path: str) -> str:
     deps=[repo_analysis],
     description="Generated pytest tests for changed files, accepted after passing repeated sandbox runs.",
 )
+@with_host_figures
 def generated_tests(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,
