@@ -34,6 +34,7 @@ from lanes_pipeline.lanes.probe import probe
 from lanes_pipeline.resources.cpu_lane import CpuLaneResource
 from lanes_pipeline.resources.gpu_lane import GpuLaneResource
 from lanes_pipeline.settings import Settings, load_settings, project_root
+from lanes_pipeline_tests.daily_fixtures import daily_project
 
 
 def test_cpu_lane_answers_with_tokens_per_second(cpu_server: EmbeddedServer, settings: Settings) -> None:
@@ -97,7 +98,11 @@ def test_failed_start_shows_log_tail_and_log_path(cpu_server: EmbeddedServer, tm
     port = choose_port("cpu", 0)
     argv = [str(port) if arg == str(cpu_server.command.port) else arg for arg in cpu_server.command.argv]
     broken = ServerCommand(
-        lane="cpu", argv=[*argv, "--no-such-flag"], env=cpu_server.command.env, port=port, ready_path="/health"
+        lane="cpu",
+        argv=[*argv, "--no-such-flag"],
+        env=cpu_server.command.env,
+        port=port,
+        ready_path="/health",
     )
     server = EmbeddedServer(broken, tmp_path, ready_timeout_s=60, publish=False)
     with pytest.raises(EmbeddedStartError) as caught:
@@ -147,22 +152,24 @@ def test_lanes_serve_stops_every_process_on_sigterm(tmp_path: Path) -> None:
 
 
 def test_lanes_run_prints_answer_and_speed_of_each_real_lane(
-    cpu_server: EmbeddedServer, gpu_server: EmbeddedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cpu_server: EmbeddedServer,
+    gpu_server: EmbeddedServer,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The main job's CLI against the session's real servers, configured as external lanes."""
-    config_dir = tmp_path / "configs"
-    config_dir.mkdir()
-    for name in ("models.yaml", "repos.yaml", "training.yaml", "pipeline.yaml"):
-        (config_dir / name).write_text((project_root() / "configs" / name).read_text())
-    lanes = yaml.safe_load((project_root() / "configs" / "lanes.yaml").read_text())
-    lanes["cpu_lane"]["base_url"], lanes["gpu_lane"]["base_url"] = cpu_server.url, gpu_server.url
-    (config_dir / "lanes.yaml").write_text(yaml.safe_dump(lanes))
-    monkeypatch.setenv("LANES_CONFIG_DIR", str(config_dir))
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    """The main job's CLI against the session's real servers, configured as external lanes, on a private
+    data folder and instance (test_daily_run.py covers the whole day; here a day without training rows)."""
+    project = daily_project(tmp_path, settings, cpu_server.url, gpu_server.url, seed_earlier_day=False)
+    for name, value in project.env().items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr("lanes_pipeline.definitions.defs", build_definitions(load_settings()))
     result = CliRunner().invoke(main, ["run", "--date", "2026-11-20"])
     assert result.exit_code == 0, result.output
     assert f"[CPU lane] smollm2 @ {cpu_server.url}" in result.output
     assert f"[GPU lane] smollm2-hf @ {gpu_server.url}" in result.output
     assert result.output.count("  answer: ") == 2
-    assert "materialized cpu_lane_probe" in result.output and "materialized gpu_lane_probe" in result.output
+    rows = {line.split()[0]: line.split()[1] for line in result.output.splitlines() if line.startswith("  ")}
+    assert rows["cpu_lane_probe"] == rows["gpu_lane_probe"] == "materialized"
+    assert rows["repo_snapshot"] == rows["lora_dataset"] == "materialized"
+    assert rows["lora_adapter"] == "skipped"  # no training rows in the window: nothing to train

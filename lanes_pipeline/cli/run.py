@@ -1,31 +1,30 @@
-"""`lanes run`: the main job. Start the lanes, ask each one thing, materialize the assets, summarize, stop."""
+"""`lanes run`: the whole daily pipeline once. Start the lanes, ask each one thing, run `daily_lanes` for a
+day (yesterday by default) on the project's instance, print a summary, stop the lanes."""
 
 from __future__ import annotations
 
-import os
 import time
-from datetime import UTC, date, datetime, timedelta
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
 from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
 
 import click
 
+from lanes_pipeline.instance import in_process_run_tags, prepare_instance, use_project_instance
+from lanes_pipeline.lanes.cpu import CpuClient
 from lanes_pipeline.lanes.embedded import LANE_LABEL, LaneEndpoints, running_lanes
 from lanes_pipeline.lanes.errors import LaneError
+from lanes_pipeline.lanes.gpu import VllmClient
 from lanes_pipeline.lanes.openai_api import OpenAIClient
 from lanes_pipeline.lanes.probe import ProbeResult, probe
+from lanes_pipeline.run_summary import AssetOutcome, LaneDeltas, ServedState, render, summarize_day
 from lanes_pipeline.settings import ConfigError, Settings, load_settings
 
+DAILY_JOB = "daily_lanes"
 
-def use_project_instance(settings: Settings) -> Path:
-    """Point DAGSTER_HOME at the project's persistent instance (data/dagster_home with our dagster.yaml),
-    so runs made here show up in `make dev`, unless the user already chose one."""
-    home = Path(os.environ.get("DAGSTER_HOME", settings.data_dir / "dagster_home"))
-    home.mkdir(parents=True, exist_ok=True)
-    link, source = home / "dagster.yaml", settings.project_root / "dagster.yaml"
-    if not link.exists() and source.exists():
-        link.symlink_to(source)
-    os.environ["DAGSTER_HOME"] = str(home)
-    return home
+__all__ = ["run", "use_project_instance"]  # use_project_instance: kept importable from here
 
 
 def _probe_lanes(settings: Settings, endpoints: LaneEndpoints) -> list[ProbeResult]:
@@ -49,42 +48,122 @@ def _probe_lanes(settings: Settings, endpoints: LaneEndpoints) -> list[ProbeResu
     return results
 
 
-# Step starts, results and our own log lines; not Dagster's DEBUG event stream.
-_QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+@dataclass(frozen=True)
+class LaneCounters:
+    """Server-side counters read before and after the day's assets."""
+
+    cpu_prompt_tokens: float | None
+    cpu_generated_tokens: float | None
+    gpu_requests: float | None
 
 
-def _materialize_all(partition: date) -> list[tuple[str, str]]:
-    """Materialize every asset of the code location: unpartitioned ones, then the partition `partition`."""
-    from dagster import DagsterInstance, materialize
+def _read_counters(settings: Settings, endpoints: LaneEndpoints) -> LaneCounters:
+    cpu_prompt = cpu_generated = gpu_requests = None
+    cpu, gpu = settings.lanes.cpu_lane, settings.lanes.gpu_lane
+    try:
+        with CpuClient(endpoints.url("cpu"), cpu.api_key(), timeout_s=30.0) as client:
+            counters = client.counters()
+        cpu_prompt, cpu_generated = counters.prompt_tokens_total, counters.generation_tokens_total
+    except (LaneError, ValueError):
+        pass  # a server without --metrics: the summary says "-"
+    try:
+        with VllmClient(endpoints.url("gpu"), gpu.api_key(), timeout_s=30.0) as client:
+            gpu_requests = client.metrics().get("vllm:request_success_total")
+    except (LaneError, ValueError):
+        pass
+    return LaneCounters(cpu_prompt, cpu_generated, gpu_requests)
 
-    from lanes_pipeline.definitions import defs
+
+def _delta(after: float | None, before: float | None) -> float | None:
+    return after - before if after is not None and before is not None else None
+
+
+def _served(settings: Settings, endpoints: LaneEndpoints) -> ServedState | None:
+    """What vLLM serves now: the alias, the version folder it was loaded from, every adapter loaded."""
+    alias = settings.lanes.gpu_lane.alias_name
+    try:
+        with VllmClient(endpoints.url("gpu"), settings.lanes.gpu_lane.api_key(), timeout_s=30.0) as client:
+            cards = client.adapters()
+    except LaneError:
+        return None
+    target = next((Path(c.root).name for c in cards if c.id == alias and c.root), None)
+    return ServedState(alias=alias, target=target, loaded=sorted(c.id for c in cards if c.id != alias))
+
+
+def _plain(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Dagster metadata values -> plain Python values (numbers, strings, bools)."""
+    return {key: getattr(value, "value", value) for key, value in metadata.items()}
+
+
+def _outcomes(result: Any, selected: list[str], partition: str | None) -> list[AssetOutcome]:
+    materialized = {
+        event.asset_key.to_user_string(): _plain(dict(event.materialization.metadata))
+        for event in result.get_asset_materialization_events()
+    }
+    failed = {event.step_key for event in result.all_events if event.is_step_failure}
+    outcomes = []
+    for asset in selected:
+        if asset in materialized:
+            outcomes.append(
+                AssetOutcome(
+                    asset=asset, partition=partition, status="materialized", metadata=materialized[asset]
+                )
+            )
+        else:
+            # Not materialized and not failed: skipped, e.g. lora_adapter on a window without rows.
+            status = "failed" if asset in failed else "skipped"
+            outcomes.append(AssetOutcome(asset=asset, partition=partition, status=status))
+    return outcomes
+
+
+def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[str, bool, list[str]]:
+    """Run `daily_lanes` in this process: the unpartitioned lane probes, then the day's partition of every
+    other asset, with the lanes' counters read around the latter. Returns the summary, success, failures."""
+    from dagster import DagsterInstance
+
+    from lanes_pipeline import definitions  # read at call time: tests swap in their own definitions
 
     instance = DagsterInstance.get()
-    assets = list(defs.assets or [])
-    resources = defs.resources or {}
-    rows: list[tuple[str, str]] = []
-    groups = (
-        ([a for a in assets if getattr(a, "partitions_def", None) is None], None),
-        ([a for a in assets if getattr(a, "partitions_def", None) is not None], partition.isoformat()),
-    )
-    for selected, partition_key in groups:
-        if not selected:
-            continue
-        result = materialize(
-            selected,
-            resources=resources,
-            instance=instance,
-            partition_key=partition_key,
-            raise_on_error=False,
+    job = definitions.defs.resolve_job_def(DAILY_JOB)
+    graph = definitions.defs.get_repository_def().asset_graph
+    selected = job.asset_layer.executable_asset_keys
+    keys = [key for key in graph.toposorted_asset_keys if key in selected]  # pipeline order
+    unpartitioned = [k for k in keys if graph.get(k).partitions_def is None]
+    partitioned = [k for k in keys if graph.get(k).partitions_def is not None]
+    tags = in_process_run_tags()
+    rows: list[AssetOutcome] = []
+    failures: list[str] = []
+    if unpartitioned:
+        probes = job.execute_in_process(
+            instance=instance, asset_selection=unpartitioned, tags=tags, raise_on_error=False
         )
-        for event in result.get_asset_materialization_events():
-            rows.append((event.asset_key.to_user_string(), partition_key or "-"))
-        if not result.success:
-            failed = [e.step_key for e in result.all_events if e.is_step_failure]
-            raise click.ClickException(
-                f"materialization failed in step(s) {', '.join(failed)}; see `make dev`"
-            )
-    return rows
+        rows += _outcomes(probes, [k.to_user_string() for k in unpartitioned], None)
+        failures += [] if probes.success else ["lane probes"]
+    partition = day.isoformat()
+    before = _read_counters(settings, endpoints)
+    result = job.execute_in_process(
+        instance=instance,
+        partition_key=partition,
+        asset_selection=partitioned,
+        tags=tags,
+        raise_on_error=False,
+    )
+    after = _read_counters(settings, endpoints)
+    rows += _outcomes(result, [k.to_user_string() for k in partitioned], partition)
+    failures += [r.asset for r in rows if r.status == "failed"]
+    deltas = LaneDeltas(
+        cpu_prompt_tokens=_delta(after.cpu_prompt_tokens, before.cpu_prompt_tokens),
+        cpu_generated_tokens=_delta(after.cpu_generated_tokens, before.cpu_generated_tokens),
+        gpu_requests=_delta(after.gpu_requests, before.gpu_requests),
+    )
+    summary = summarize_day(partition, rows, deltas, _served(settings, endpoints))
+    header = f"daily_lanes for {partition} (run {result.run_id[:8]})"
+    return f"{header}\n{render(summary)}", result.success and not failures, failures
+
+
+def yesterday(settings: Settings) -> date:
+    """The latest completed day in the partitions' time zone: what the schedule would run now."""
+    return datetime.now(ZoneInfo(settings.pipeline.timezone)).date() - timedelta(days=1)
 
 
 @click.command()
@@ -93,20 +172,24 @@ def _materialize_all(partition: date) -> list[tuple[str, str]]:
     "day",
     type=click.DateTime(["%Y-%m-%d"]),
     default=None,
-    help="the daily partition to materialize (default: yesterday, UTC)",
+    help="the daily partition to run (default: yesterday, in the partitions' time zone)",
 )
 def run(day: datetime | None) -> None:
-    """The main job: start the lanes, probe each, materialize the assets, print a summary, stop the lanes."""
+    """The whole daily pipeline: start the lanes, probe each, run daily_lanes for a day, summarize, stop."""
     started = time.perf_counter()
-    partition = day.date() if day else datetime.now(UTC).date() - timedelta(days=1)
     try:
         settings = load_settings()
+        partition = day.date() if day else yesterday(settings)
         home = use_project_instance(settings)
-        click.echo(f"[lanes] starting the lanes (Dagster instance: {home})")
+        _instance, limits, released = prepare_instance(settings)
+        pools = ", ".join(f"{pool} {limit}" for pool, limit in sorted(limits.items()))
+        click.echo(f"[lanes] starting the lanes (Dagster instance: {home}; pool limits: {pools})")
+        for run_id in released:
+            click.echo(f"[lanes] run {run_id} had died holding pool slots: marked failed, slots freed")
         with running_lanes(settings) as endpoints:
             probes = _probe_lanes(settings, endpoints)
-            click.echo(f"\n[lanes] materializing assets for {partition.isoformat()}")
-            rows = _materialize_all(partition)
+            click.echo(f"\n[lanes] running daily_lanes for {partition.isoformat()}")
+            summary, success, failures = _run_day(settings, endpoints, partition)
             click.echo("[lanes] stopping the lanes")
     except (ConfigError, LaneError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -116,6 +199,8 @@ def run(day: datetime | None) -> None:
             f"  {result.lane} lane: {result.generation_tokens_per_s:>7} tok/s generation, "
             f"{result.latency_s:>6} s latency"
         )
-    for asset_key, partition_key in rows:
-        click.echo(f"  materialized {asset_key} (partition {partition_key})")
+    click.echo(summary)
     click.echo(f"  wall time {time.perf_counter() - started:.0f} s")
+    if not success:
+        failed = ", ".join(failures) or "the run"
+        raise click.ClickException(f"daily_lanes failed in {failed}; see the run in `make dev`")

@@ -1,0 +1,187 @@
+"""The summary `lanes run` prints after a day: one row per asset, the day's results, and what the lanes were
+asked. Pure: it reads plain metadata (asset -> {key: value}) and server counter deltas, and returns text.
+
+The LLM-call count comes from two sides that must agree: the CPU-lane resource's own count of requests it
+sent (`llm_requests` in each asset's metadata) and what llama-server says it computed (`/metrics` token
+counters before and after). A re-run of a day shows 0 on both, which is the proof that it asked nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+Status = Literal["materialized", "failed", "skipped"]
+
+
+class AssetOutcome(BaseModel):
+    asset: str
+    partition: str | None
+    status: Status
+    metadata: dict[str, Any] = {}
+
+
+class LaneDeltas(BaseModel):
+    """What the servers counted during the day's assets (probes excluded): None where unreadable."""
+
+    cpu_prompt_tokens: float | None = None
+    cpu_generated_tokens: float | None = None
+    gpu_requests: float | None = None
+
+
+class ServedState(BaseModel):
+    """What vLLM serves after the run, read from its /v1/models."""
+
+    alias: str
+    target: str | None  # the version the alias's folder belongs to, None when the alias is not loaded
+    loaded: list[str]
+
+
+class DaySummary(BaseModel):
+    partition: str
+    rows: list[AssetOutcome]
+    llm_calls: int
+    cache_hits: int
+    tests_accepted: int | None
+    diffs_accepted: int | None
+    dataset_rows: int | None
+    adapter_version: str | None
+    promoted: bool | None
+    served: ServedState | None
+    deltas: LaneDeltas
+
+    @property
+    def asked_nothing(self) -> bool:
+        """The day's CPU-lane work made no LLM call: the resource sent none and the server computed none."""
+        return (
+            self.llm_calls == 0
+            and self.deltas.cpu_prompt_tokens == 0
+            and self.deltas.cpu_generated_tokens == 0
+        )
+
+
+def _int(metadata: Mapping[str, Any], key: str) -> int | None:
+    value = metadata.get(key)
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _of(rows: Sequence[AssetOutcome], asset: str) -> dict[str, Any]:
+    return next((r.metadata for r in rows if r.asset == asset and r.status == "materialized"), {})
+
+
+def summarize_day(
+    partition: str, rows: Sequence[AssetOutcome], deltas: LaneDeltas, served: ServedState | None
+) -> DaySummary:
+    lane_rows = [r for r in rows if "llm_requests" in r.metadata]
+    adapter = _of(rows, "lora_adapter")
+    evaluation, serving = _of(rows, "adapter_evaluation"), _of(rows, "served_adapter")
+    promoted = serving.get("promoted", evaluation.get("promote"))
+    return DaySummary(
+        partition=partition,
+        rows=list(rows),
+        llm_calls=sum(_int(r.metadata, "llm_requests") or 0 for r in lane_rows),
+        cache_hits=sum(_int(r.metadata, "cache_hits") or 0 for r in lane_rows),
+        tests_accepted=_int(_of(rows, "generated_tests"), "accepted"),
+        diffs_accepted=_int(_of(rows, "refactor_proposals"), "accepted"),
+        dataset_rows=_int(_of(rows, "lora_dataset"), "dagster/row_count"),
+        adapter_version=adapter.get("version"),
+        promoted=bool(promoted) if promoted is not None else None,
+        served=served,
+        deltas=deltas,
+    )
+
+
+def _cell(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _result(row: AssetOutcome) -> str:
+    """The one figure that says what the asset produced."""
+    m = row.metadata
+    if row.status != "materialized":
+        return ""
+    if "speed_source" in m:  # a lane probe
+        return f"{m.get('completion_tokens', 0)} tokens, {_cell(m.get('latency_s'), 2)} s"
+    if row.asset == "repo_snapshot":
+        return f"{m.get('files', 0)} files, {m.get('changed_files', 0)} changed"
+    if row.asset == "repo_analysis":
+        return f"{m.get('analysed_ok', 0)} of {m.get('files', 0)} analysed, {m.get('accepted', 0)} accepted"
+    if row.asset == "generated_tests":
+        return f"{m.get('accepted', 0)} of {m.get('candidates', 0)} tests accepted"
+    if row.asset == "refactor_proposals":
+        return f"{m.get('accepted', 0)} of {m.get('proposals', 0)} diffs accepted"
+    if row.asset == "lora_dataset":
+        return f"{m.get('train_rows', 0)} train + {m.get('eval_rows', 0)} eval rows"
+    if row.asset == "lora_adapter":
+        reused = " (reused)" if m.get("reused_existing_version") else ""
+        return f"{m.get('version')}{reused}, loss {_cell(m.get('final_loss'), 3)}"
+    if row.asset == "adapter_evaluation":
+        return "promote" if m.get("promote") else "reject"
+    if row.asset == "served_adapter":
+        return f"{m.get('alias')} -> {m.get('alias_target')}"
+    return ""
+
+
+HEADER = ("asset", "status", "LLM calls", "cache hits", "tok/s", "prefix reuse", "result")
+
+
+def render(summary: DaySummary) -> str:
+    table = [HEADER]
+    for row in summary.rows:
+        m = row.metadata
+        speed = m.get("generation_tokens_per_s") if m.get("llm_answered", 1) else None
+        reuse = m.get("prefix_reuse") if m.get("llm_answered") else None
+        table.append(
+            (
+                row.asset,
+                row.status,
+                _cell(m.get("llm_requests", 1 if "speed_source" in m else None)),
+                _cell(m.get("cache_hits")),
+                _cell(speed),
+                f"{reuse:.0%}" if isinstance(reuse, float) else "-",
+                _result(row),
+            )
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
+    lines = [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in table
+    ]
+    d = summary.deltas
+    lines.append("")
+    if summary.asked_nothing:
+        lines.append(
+            f"  LLM calls for the day's work: 0 (llama-server computed 0 prompt and 0 generated tokens): "
+            f"a re-run of {summary.partition}, every answer from the cache ({summary.cache_hits} hits)"
+        )
+    else:
+        lines.append(
+            f"  LLM calls for the day's work: {summary.llm_calls} to the CPU lane "
+            f"(llama-server computed {_cell(d.cpu_prompt_tokens, 0)} prompt and "
+            f"{_cell(d.cpu_generated_tokens, 0)} generated tokens), {summary.cache_hits} cache hits"
+        )
+    if d.gpu_requests is not None:
+        lines.append(
+            f"  GPU lane requests during the day's assets (evaluation, smoke test): {d.gpu_requests:g}"
+        )
+    served = "-"
+    if summary.served is not None:
+        served = (
+            f"yes ({summary.served.alias} -> {summary.served.target})"
+            if summary.served.target
+            else f"no ({summary.served.alias} is not loaded)"
+        )
+    lines.append(
+        f"  tests accepted {_cell(summary.tests_accepted)}, diffs accepted {_cell(summary.diffs_accepted)}, "
+        f"dataset {_cell(summary.dataset_rows)} rows, adapter {_cell(summary.adapter_version)}, "
+        f"promoted {_cell(summary.promoted)}, served {served}"
+    )
+    return "\n".join(lines)
