@@ -173,6 +173,7 @@ def embedded_hf_model(data_dir: Path) -> Path:
         return target
     gguf_path = embedded_gguf(data_dir)
     log_path = data_dir / "logs" / "convert-smollm2.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with _install_lock(data_dir), log_path.open("a") as log:
         if (target / "config.json").is_file():
             return target
