@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from lanes_pipeline.cli.adapters import adapters
+from lanes_pipeline.cli.backfill import backfill
 from lanes_pipeline.cli.config import config
 from lanes_pipeline.cli.cpu import cpu
 from lanes_pipeline.cli.dev import dev
@@ -18,5 +19,5 @@ def main() -> None:
     """lanes_pipeline: CPU-lane batch work feeding daily LoRA adapters for the GPU lane."""
 
 
-for command in (config, setup, serve, run, dev, cpu, adapters):
+for command in (config, setup, serve, run, dev, backfill, cpu, adapters):
     main.add_command(command)
