@@ -2,16 +2,14 @@
 
 from dagster import (
     AssetSelection,
-    Backoff,
-    Jitter,
     OpExecutionContext,
-    RetryPolicy,
     define_asset_job,
     job,
     op,
 )
 
 from lanes_pipeline.assets.gpu_lane import service_for
+from lanes_pipeline.policies import LANE_RETRY
 from lanes_pipeline.resources.adapter_registry import AdapterRegistryResource
 from lanes_pipeline.resources.gpu_lane import GpuLaneResource
 from lanes_pipeline.resources.lora_training import LoraTrainingResource
@@ -35,12 +33,10 @@ def rollback_adapter_job() -> None:
     rollback_adapter_alias()
 
 
-# The daily loop: one run per day materializes the whole graph for that day's partition (the daily
-# partitions of the selected assets). Whatever asset
+# The daily loop: one run per day materializes the whole graph for that day's partition. Whatever asset
 # lands in the code location is in it (AssetSelection.all(), with its checks); the unpartitioned lane probes
-# run in every run, so their tokens/s plot over the days. A lane call that fails after the clients' own
-# retries (a server restarting, a timeout) gets the step retried, later, with backoff.
-LANE_RETRY = RetryPolicy(max_retries=2, delay=30, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
+# run in every run, so their tokens/s plot over the days. The lane assets carry LANE_RETRY themselves (so
+# backfill runs retry too); here it also covers every other step of the job.
 DAILY_JOB_TAG = "lanes/job"
 
 daily_lanes_job = define_asset_job(

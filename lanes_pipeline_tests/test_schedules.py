@@ -10,6 +10,7 @@ import pytest
 from dagster import DefaultScheduleStatus, build_schedule_context
 
 from lanes_pipeline.definitions import build_definitions
+from lanes_pipeline.policies import LANE_RETRY
 from lanes_pipeline.schedules import DAILY_SCHEDULE
 from lanes_pipeline.settings import Settings
 
@@ -63,3 +64,19 @@ def test_daily_lanes_covers_every_asset_with_retries_on_each_step(settings: Sett
     policy = job.op_retry_policy  # every step: a lane that restarts mid-step gets the step retried later
     assert policy is not None and policy.max_retries >= 1 and policy.delay
     assert job.run_tags["lanes/job"] == "daily_lanes"  # dagster.yaml: one daily_lanes run at a time
+
+
+def test_every_lane_step_sits_in_its_lane_pool_and_retries_in_any_job(settings: Settings) -> None:
+    """Pools bound the lanes across runs; the retry policy sits on the assets themselves, so the runs of a
+    UI backfill (Dagster's implicit asset job, not daily_lanes) retry a lane call too."""
+    lane_assets = [
+        a for a in build_definitions(settings).assets or [] if getattr(a, "op", None) and a.op.pool
+    ]
+    assert {a.op.pool for a in lane_assets} == {"cpu_lane", "gpu_lane"}
+    assert {a.key.to_user_string() for a in lane_assets} >= {
+        "repo_analysis",
+        "lora_adapter",
+        "served_adapter",
+    }
+    for asset in lane_assets:
+        assert asset.op.retry_policy == LANE_RETRY, asset.key

@@ -21,6 +21,7 @@ from lanes_pipeline.assets.snapshot import repo_snapshot
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.lanes.batch import BatchRequest
 from lanes_pipeline.partitions import DAILY
+from lanes_pipeline.policies import LANE_RETRY
 from lanes_pipeline.prompts import PromptLayout
 from lanes_pipeline.repos import read_blobs
 from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
@@ -55,6 +56,7 @@ def render_report(repos: list[dict[str, Any]]) -> str:
     partitions_def=DAILY,
     group_name="cpu_lane",
     pool="cpu_lane",
+    retry_policy=LANE_RETRY,
     deps=[repo_snapshot],
     description="Per-file structured analysis from the CPU lane; unchanged blobs reuse earlier answers.",
 )

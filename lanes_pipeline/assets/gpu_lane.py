@@ -38,6 +38,7 @@ from lanes_pipeline.evaluation import TaskScore, promotion_decision, task_score
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.lanes.gpu import VllmClient, asleep
 from lanes_pipeline.partitions import DAILY
+from lanes_pipeline.policies import LANE_RETRY
 from lanes_pipeline.resources.adapter_registry import AdapterRegistryResource
 from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
 from lanes_pipeline.resources.gpu_lane import GpuLaneResource
@@ -131,6 +132,7 @@ def _training_metadata(version: Version, summary: TrainSummary, reused: bool) ->
     partitions_def=DAILY,
     group_name=GROUP,
     pool=POOL,
+    retry_policy=LANE_RETRY,
     # Day order: day D's adapter trains only after day D-1's (a backfill runs the days of a self-dependent
     # asset in order; with one backfill run at a time, dagster.yaml, D-1 is also judged and served first).
     deps=[LORA_DATASET, PREVIOUS_DAY_ADAPTER],
@@ -235,6 +237,7 @@ def _task_scores(client: VllmClient, models: dict[str, str]) -> dict[str, TaskSc
     partitions_def=DAILY,
     group_name=GROUP,
     pool=POOL,
+    retry_policy=LANE_RETRY,
     deps=[lora_adapter],
     description="Eval loss (held-out split) and a coding task score for base, current and candidate.",
 )
@@ -326,6 +329,7 @@ def adapter_evaluation(
     partitions_def=DAILY,
     group_name=GROUP,
     pool=POOL,
+    retry_policy=LANE_RETRY,
     deps=[adapter_evaluation],
     description="The day's adapter loaded into vLLM under its version name; the stable alias moved to it if "
     "it passed evaluation.",

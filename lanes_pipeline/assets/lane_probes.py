@@ -6,6 +6,7 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, ass
 
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.lanes.probe import ProbeResult, probe
+from lanes_pipeline.policies import LANE_RETRY
 from lanes_pipeline.resources.cpu_lane import CpuLaneResource
 from lanes_pipeline.resources.gpu_lane import GpuLaneResource
 
@@ -25,7 +26,12 @@ def _result(result: ProbeResult, url: str) -> MaterializeResult:
     )
 
 
-@asset(group_name="lanes", pool="cpu_lane", description="One chat request to the CPU lane: tok/s, latency.")
+@asset(
+    group_name="lanes",
+    pool="cpu_lane",
+    retry_policy=LANE_RETRY,
+    description="One chat request to the CPU lane: tok/s, latency.",
+)
 @with_host_figures
 def cpu_lane_probe(context: AssetExecutionContext, cpu_lane: CpuLaneResource) -> MaterializeResult:
     with cpu_lane.client() as client:
@@ -34,7 +40,12 @@ def cpu_lane_probe(context: AssetExecutionContext, cpu_lane: CpuLaneResource) ->
     return _result(result, cpu_lane.url)
 
 
-@asset(group_name="lanes", pool="gpu_lane", description="One chat request to the GPU lane: tok/s, latency.")
+@asset(
+    group_name="lanes",
+    pool="gpu_lane",
+    retry_policy=LANE_RETRY,
+    description="One chat request to the GPU lane: tok/s, latency.",
+)
 @with_host_figures
 def gpu_lane_probe(context: AssetExecutionContext, gpu_lane: GpuLaneResource) -> MaterializeResult:
     with gpu_lane.client() as client:

@@ -24,6 +24,7 @@ from lanes_pipeline.assets.cpu_common import (
 from lanes_pipeline.assets.testgen import generated_tests, target_files
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.partitions import DAILY
+from lanes_pipeline.policies import LANE_RETRY
 from lanes_pipeline.prompts import PromptLayout
 from lanes_pipeline.repos import read_blobs
 from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
@@ -39,6 +40,7 @@ from lanes_pipeline.verify import baseline_passes, check_diff
     partitions_def=DAILY,
     group_name="cpu_lane",
     pool="cpu_lane",
+    retry_policy=LANE_RETRY,
     deps=[generated_tests],
     description="Refactors as unified diffs, accepted only if they apply and every test passes with them.",
 )

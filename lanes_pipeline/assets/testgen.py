@@ -24,6 +24,7 @@ from lanes_pipeline.assets.cpu_common import (
 )
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.partitions import DAILY
+from lanes_pipeline.policies import LANE_RETRY
 from lanes_pipeline.prompts import PromptLayout
 from lanes_pipeline.repos import is_test_path, module_name, read_blobs
 from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
@@ -55,6 +56,7 @@ def test_notes(analysis_repo: dict[str, Any] | None, path: str) -> str:
     partitions_def=DAILY,
     group_name="cpu_lane",
     pool="cpu_lane",
+    retry_policy=LANE_RETRY,
     deps=[repo_analysis],
     description="Generated pytest tests for changed files, accepted after passing repeated sandbox runs.",
 )
