@@ -49,7 +49,7 @@ def _probe_lanes(settings: Settings, endpoints: LaneEndpoints) -> list[ProbeResu
 
 
 @dataclass(frozen=True)
-class LaneCounters:
+class ServerCounts:
     """Server-side counters read before and after the day's assets."""
 
     cpu_prompt_tokens: float | None
@@ -57,7 +57,7 @@ class LaneCounters:
     gpu_requests: float | None
 
 
-def _read_counters(settings: Settings, endpoints: LaneEndpoints) -> LaneCounters:
+def _read_counters(settings: Settings, endpoints: LaneEndpoints) -> ServerCounts:
     cpu_prompt = cpu_generated = gpu_requests = None
     cpu, gpu = settings.lanes.cpu_lane, settings.lanes.gpu_lane
     try:
@@ -71,7 +71,7 @@ def _read_counters(settings: Settings, endpoints: LaneEndpoints) -> LaneCounters
             gpu_requests = client.metrics().get("vllm:request_success_total")
     except (LaneError, ValueError):
         pass
-    return LaneCounters(cpu_prompt, cpu_generated, gpu_requests)
+    return ServerCounts(cpu_prompt, cpu_generated, gpu_requests)
 
 
 def _delta(after: float | None, before: float | None) -> float | None:
