@@ -170,7 +170,8 @@ def render(summary: DaySummary) -> str:
         )
     if d.gpu_requests is not None:
         lines.append(
-            f"  GPU lane requests during the day's assets (evaluation, smoke test): {d.gpu_requests:g}"
+            "  GPU lane requests during the day's assets (evaluation task scores, promotion smoke tests): "
+            f"{d.gpu_requests:g}"
         )
     served = "-"
     if summary.served is not None:
