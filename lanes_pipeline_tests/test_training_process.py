@@ -167,7 +167,7 @@ def test_a_failed_cuda_training_still_wakes_vllm(fake_vllm: Any, settings: Setti
     )
     assert not result.success
     [failure] = [e for e in result.all_events if e.is_step_failure]
-    assert "sees no CUDA device" in failure.step_failure_data.error.message  # type: ignore[union-attr]
+    assert "sees no CUDA device" in failure.step_failure_data.error.to_string()  # type: ignore[union-attr]
     assert fake_vllm.calls == ["/sleep?level=1", "/wake_up"] and not fake_vllm.sleeping
     assert _visible(tmp_path / "adapters") == ["registry.sqlite"]  # no version was added
 

@@ -44,7 +44,7 @@ from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
 from lanes_pipeline.resources.gpu_lane import GpuLaneResource
 from lanes_pipeline.resources.lora_training import LoraTrainingResource
 from lanes_pipeline.settings import data_dir
-from lanes_pipeline.training.runner import run_evaluation, run_training
+from lanes_pipeline.training.runner import TrainingError, run_evaluation, run_training
 from lanes_pipeline.training.spec import LOSS_CURVE, EvalSpec, TrainSpec, TrainSummary
 
 GROUP, POOL = "gpu_lane", "gpu_lane"
@@ -201,8 +201,12 @@ def lora_adapter(
     context.log.info(f"training {name} on {len(dirs)} day(s) of data: {', '.join(d.name for d in dirs)}")
     freeing_gpu = gpu_lane.sleep_mode and _trains_on_cuda(lora_training.device)
     log_path = data_dir() / "logs" / f"training-{name}.log"
-    with _gpu_asleep(gpu_lane) if freeing_gpu else nullcontext():
-        summary = run_training(spec, _relay(context), log_path)
+    try:
+        with _gpu_asleep(gpu_lane) if freeing_gpu else nullcontext():
+            summary = run_training(spec, _relay(context), log_path)
+    except TrainingError as exc:
+        # A trainer that raised will raise again (data, device, config): no retry; a killed one may not.
+        raise Failure(str(exc), allow_retries=exc.transient) from exc
     check_adapter_dir(folder / name, gpu_lane.max_lora_rank, supported)
     version = registry.add(name, day, folder / name, inputs_hash, summary.model_dump(mode="json"))
     context.log.info(

@@ -26,7 +26,16 @@ STOP_GRACE_S = 15.0
 
 
 class TrainingError(RuntimeError):
-    pass
+    """The trainer failed. `returncode` < 0: it was killed by a signal (the OOM killer, a shutdown), which
+    may not happen again; > 0: it raised (bad data, device or config), which will."""
+
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        self.returncode = returncode
+        super().__init__(message)
+
+    @property
+    def transient(self) -> bool:
+        return self.returncode is not None and self.returncode < 0
 
 
 def run_training(spec: TrainSpec, on_event: Callable[[Event], None], log_path: Path) -> TrainSummary:
@@ -92,7 +101,8 @@ def _run(command: str, spec: Spec, on_event: Callable[[Event], None], log_path: 
     if code != 0:
         raise TrainingError(
             f"the trainer ({command}) exited with code {code}; log: {log_path}\n--- last lines ---\n"
-            f"{log_tail(log_path)}"
+            f"{log_tail(log_path)}",
+            returncode=code,
         )
     return events
 
