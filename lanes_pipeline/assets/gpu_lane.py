@@ -13,13 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from dagster import (
-    AssetDep,
     AssetExecutionContext,
     AssetKey,
     Failure,
     MaterializeResult,
     MetadataValue,
-    TimeWindowPartitionMapping,
     asset,
 )
 
@@ -49,9 +47,6 @@ from lanes_pipeline.training.spec import LOSS_CURVE, EvalSpec, TrainSpec, TrainS
 
 GROUP, POOL = "gpu_lane", "gpu_lane"
 LORA_DATASET = AssetKey("lora_dataset")
-PREVIOUS_DAY_ADAPTER = AssetDep(
-    AssetKey("lora_adapter"), partition_mapping=TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
-)
 
 
 def _day(context: AssetExecutionContext) -> date:
@@ -133,9 +128,7 @@ def _training_metadata(version: Version, summary: TrainSummary, reused: bool) ->
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
-    # Day order: day D's adapter trains only after day D-1's (a backfill runs the days of a self-dependent
-    # asset in order; with one backfill run at a time, dagster.yaml, D-1 is also judged and served first).
-    deps=[LORA_DATASET, PREVIOUS_DAY_ADAPTER],
+    deps=[LORA_DATASET],
     # A window without a single training row yields nothing: evaluation and serving are skipped, the alias
     # stays where it is, and the run still succeeds (a quiet day is not an error).
     output_required=False,

@@ -1,9 +1,9 @@
 """`lanes backfill --from A --to B`: the days the machine was off, as the UI's "Materialize" of a partition
 range would submit them: one asset backfill on the project's instance, which the daemon (`make dev`) runs.
 
-Day order comes from the graph, not from this command: `lora_adapter` depends on its previous day, so the
-backfill daemon trains day D+1 only after day D, and with one backfill run at a time (dagster.yaml) day D's
-evaluation and promotion finish first.
+Day order: the backfill daemon requests one run per day, oldest first, into a first-in-first-out queue, and
+dagster.yaml lets one backfill run through at a time: day D is trained, judged and promoted before day D+1's
+run starts.
 """
 
 from __future__ import annotations
