@@ -207,11 +207,18 @@ GROUP_BOXES = """
 })()
 """
 # Dagster's first-visit "Join the community" dialog: dismissed like a user would, with its Skip button.
+# The UI greets a new browser profile with an onboarding dialog ("Join the Dagster community") whose
+# buttons vary by version; dismiss it by a known button, else take dialogs out of the page, so the graph
+# underneath is what the screenshot and the hit test see.
 SKIP_DIALOG = """
 (() => {
-  const skip = Array.from(document.querySelectorAll('button')).find(b => b.innerText.trim() === 'Skip');
-  if (skip) { skip.click(); return true; }
-  return false;
+  const words = ['Skip', 'Dismiss', 'Not now', 'No thanks', 'Close', 'Maybe later'];
+  const button = Array.from(document.querySelectorAll('button'))
+    .find(b => words.includes(b.innerText.trim()) || words.includes(b.getAttribute('aria-label') || ''));
+  if (button) { button.click(); return true; }
+  const dialogs = document.querySelectorAll('[role="dialog"], .bp5-overlay, .bp4-overlay, .bp3-overlay');
+  dialogs.forEach(d => d.remove());
+  return dialogs.length > 0;
 })()
 """
 
@@ -274,8 +281,14 @@ def test_the_asset_graph_page_shows_our_groups(webserver: Webserver, chromium: P
                 if set(labels) == GROUPS and statuses_loaded:
                     break
                 time.sleep(1)
-            time.sleep(1)  # let the graph finish its layout animation before the picture
-            labels = tools.evaluate(GROUP_BOXES % json.dumps(sorted(GROUPS))) or {}
+            # Let the graph finish its layout animation before the picture; while it moves, a label can be
+            # off screen for a moment, so read the boxes again until all groups are back (bounded).
+            settle_deadline = time.monotonic() + 20
+            while True:
+                time.sleep(1)
+                labels = tools.evaluate(GROUP_BOXES % json.dumps(sorted(GROUPS))) or {}
+                if set(labels) == GROUPS or time.monotonic() > settle_deadline:
+                    break
             png = base64.b64decode(tools.call("Page.captureScreenshot", format="png")["data"])
             text = tools.evaluate("document.body.innerText") or ""
         finally:
