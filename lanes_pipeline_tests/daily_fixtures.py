@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dagster import DagsterInstance
 
 from lanes_pipeline.lanes import engines
 from lanes_pipeline.settings import Settings, project_root
@@ -31,6 +32,14 @@ TRAINING = {
     "eval_loss_margin": 0.05,
     # SmolLM2-135M's task score is noise on a handful of prompts: the gate is judged on eval loss here.
     "task_score_tolerance": 1.0,
+}
+# Less CPU-lane work per day than the shipped defaults: one changed file a day gets tests and a refactor, each
+# judged in one sandbox run. The mechanics under test are the same; a 2-core CI machine finishes sooner.
+CPU_ASSETS = {
+    "max_files_per_day": 1,
+    "tests_max_tokens": 192,
+    "refactor_max_tokens": 192,
+    "sandbox": {"runs": 1},
 }
 # The day before the partitions start: "accepted data from earlier days" in every replay window of the
 # tests' days. A 135M model's own answers are rarely accepted, and a day without rows trains nothing.
@@ -67,8 +76,12 @@ def daily_project(
     for folder in (config_dir, data, home):
         folder.mkdir(parents=True, exist_ok=True)
     shipped = project_root() / "configs"
-    for name in ("models.yaml", "repos.yaml", "pipeline.yaml"):
+    for name in ("models.yaml", "repos.yaml"):
         shutil.copy(shipped / name, config_dir / name)
+    pipeline = yaml.safe_load((shipped / "pipeline.yaml").read_text())
+    sandbox = {**pipeline["cpu_assets"]["sandbox"], **CPU_ASSETS["sandbox"]}
+    pipeline["cpu_assets"] |= CPU_ASSETS | {"sandbox": sandbox}
+    (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
     lanes = yaml.safe_load((shipped / "lanes.yaml").read_text())
     lanes["cpu_lane"]["base_url"], lanes["gpu_lane"]["base_url"] = cpu_url, gpu_url
     lanes["bandwidth"]["quiet_s"] = 1  # the tests' lanes are quiet between steps: do not wait long
@@ -80,6 +93,9 @@ def daily_project(
     train["base_model_dir"] = str(engines.embedded_hf_model(settings.data_dir).resolve())
     (config_dir / "training.yaml").write_text(yaml.safe_dump(train))
     shutil.copy(project_root() / "dagster.yaml", home / "dagster.yaml")
+    # Create the instance's SQLite databases now, in one process: a daemon and a CLI creating them at the
+    # same moment race on the schema migrations (alembic "more than one head").
+    DagsterInstance.from_config(str(home)).dispose()
     if seed_earlier_day:
         write_codename_day(data / "artifacts", EARLIER_DAY)
     return DailyProject(config_dir, data, home)

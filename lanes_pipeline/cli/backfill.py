@@ -109,7 +109,7 @@ def backfill(first: datetime, last: datetime, wait: bool) -> None:
     backfill_id = submit_backfill(days, title=f"daily_lanes {days[0]}..{days[-1]}")
     click.echo(f"backfill {backfill_id}: daily_lanes for {days[0]} .. {days[-1]} ({len(days)} days)")
     if not daemons_alive():
-        click.echo("  no Dagster daemon is running on this instance: start `make dev` and it runs")
+        click.echo("  no Dagster daemon has reported on this instance lately: it runs once `make dev` is up")
     if wait:
         status = wait_for(backfill_id)
         click.echo(f"backfill {backfill_id}: {status}")
