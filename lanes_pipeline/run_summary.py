@@ -160,13 +160,13 @@ def render(summary: DaySummary) -> str:
     if summary.asked_nothing:
         lines.append(
             f"  LLM calls for the day's work: 0 (llama-server computed 0 prompt and 0 generated tokens): "
-            f"a re-run of {summary.partition}, every answer from the cache ({summary.cache_hits} hits)"
+            f"a re-run of {summary.partition}, every answer from the cache (cache hits: {summary.cache_hits})"
         )
     else:
         lines.append(
             f"  LLM calls for the day's work: {summary.llm_calls} to the CPU lane "
             f"(llama-server computed {_cell(d.cpu_prompt_tokens, 0)} prompt and "
-            f"{_cell(d.cpu_generated_tokens, 0)} generated tokens), {summary.cache_hits} cache hits"
+            f"{_cell(d.cpu_generated_tokens, 0)} generated tokens), cache hits: {summary.cache_hits}"
         )
     if d.gpu_requests is not None:
         lines.append(
