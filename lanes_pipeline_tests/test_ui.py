@@ -25,6 +25,7 @@ from websockets.sync.client import connect
 
 from lanes_pipeline.definitions import defs
 from lanes_pipeline.settings import project_root
+from lanes_pipeline_tests import browser
 from lanes_pipeline_tests.browser import HEADLESS_FLAGS, ensure_chromium
 
 GROUPS = {"lanes", "cpu_lane", "gpu_lane"}
@@ -302,3 +303,15 @@ def test_the_asset_graph_page_shows_our_groups(webserver: Webserver, chromium: P
     assert set(labels) == GROUPS, f"groups on screen: {labels}; page text: {text[:500]!r}"
     width, height = _png_size(png)
     assert (width, height) == (1600, 1000) and len(png) > 20_000
+
+
+def test_where_chromium_cannot_be_installed_the_reason_is_kept_for_the_skip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine without chromium and without apt-get: no install, and the reason the screenshot test
+    skips with is written where `make test` leaves it."""
+    monkeypatch.setattr(browser.shutil, "which", lambda name: None)
+    monkeypatch.setattr(browser, "project_root", lambda: tmp_path)
+    reason = browser.ensure_chromium()
+    assert reason == "apt-get is not available on this machine (not Debian/Ubuntu)"
+    assert (tmp_path / browser.REASON_FILE).read_text().strip() == reason
