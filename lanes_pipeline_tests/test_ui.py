@@ -207,7 +207,6 @@ GROUP_BOXES = """
   return found;
 })()
 """
-# Dagster's first-visit "Join the community" dialog: dismissed like a user would, with its Skip button.
 # The UI greets a new browser profile with an onboarding dialog ("Join the Dagster community") whose
 # buttons vary by version; dismiss it by a known button, else take dialogs out of the page, so the graph
 # underneath is what the screenshot and the hit test see.
