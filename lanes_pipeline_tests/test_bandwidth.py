@@ -21,11 +21,12 @@ from lanes_pipeline.lanes.bandwidth import (
     observe,
     wait_until_quiet,
 )
-from lanes_pipeline.lanes.batch import BatchProgress, SlotGate
+from lanes_pipeline.lanes.batch import BatchProgress, BatchRequest, SlotGate
 from lanes_pipeline.lanes.cpu import CpuClient
 from lanes_pipeline.lanes.embedded import EmbeddedServer
 from lanes_pipeline.lanes.gpu import VllmClient
 from lanes_pipeline.lanes.openai_api import ChatMessage, ChatRequest
+from lanes_pipeline.prompts import ASK, PromptLayout
 from lanes_pipeline.resources.cpu_lane import CpuLaneResource
 from lanes_pipeline.resources.gpu_lane import GpuLaneResource
 from lanes_pipeline.settings import BandwidthConfig, ConfigError, Settings, load_settings, project_root
@@ -70,6 +71,19 @@ def test_governor_counts_yields_and_reports_changes() -> None:
     assert [e.cap for e in events] == [2, None, 2, None]
     assert report.yielded_s == pytest.approx((3.5 - 1.0) + (6.0 - 4.0))
     assert governor.cap() is None
+
+
+def test_the_first_reading_is_taken_before_start_returns() -> None:
+    """A batch starting while the GPU lane is busy starts at the minimum, not at full slots for one poll."""
+    policy = YieldPolicy(cpu_min_in_flight=1, poll_s=60)
+    busy = GpuYieldGovernor("http://gpu.invalid", policy, read=lambda: 2)
+    quiet = GpuYieldGovernor("http://gpu.invalid", policy, read=lambda: 0)
+    try:
+        assert busy.start().cap() == 1 and busy.report().initial_cap == 1
+        assert quiet.start().cap() is None and quiet.report().initial_cap is None
+    finally:
+        busy.stop()
+        quiet.stop()
 
 
 def test_slot_gate_admits_no_more_than_the_cap_and_recovers_when_it_lifts() -> None:
@@ -177,6 +191,16 @@ class InteractiveLoad:
             thread.join(timeout=120)
 
 
+def counting(count: int, max_tokens: int) -> list[BatchRequest]:
+    """Requests whose answers run to max_tokens (counting never ends early), so the batch outlasts the
+    governor's quiet_s on a fast machine too: the recovery must happen while items are still pending."""
+    layout = PromptLayout(ASK, shared_context="This is a test of a batch client.")
+    return [
+        layout.build(f"count{i}", f"Count from {i} to {i + 200}, one number per line.", max_tokens)
+        for i in range(count)
+    ]
+
+
 def gpu_running(url: str) -> float:
     with VllmClient(url, timeout_s=10) as client:
         return gpu_running_requests(client) or 0.0
@@ -231,10 +255,11 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
     cpu_lane = CpuLaneResource.from_config(
         settings.lanes.cpu_lane,
         base_url=cpu_server.url,
-        bandwidth=BandwidthConfig(gpu_busy_above=0, cpu_min_in_flight=1, quiet_s=3.0, poll_s=0.2),
+        bandwidth=BandwidthConfig(gpu_busy_above=0, cpu_min_in_flight=1, quiet_s=1.5, poll_s=0.1),
         gpu=settings.lanes.gpu_lane.model_copy(update={"base_url": gpu_server.url}),
     ).model_copy(update={"cache_path": str(tmp_path / "cache.sqlite3")})
-    load = InteractiveLoad(gpu_server.url, settings.lanes.gpu_lane.served_model_name).start()
+    load = InteractiveLoad(gpu_server.url, settings.lanes.gpu_lane.served_model_name, max_tokens=16).start()
+    items = 64  # the first two run under load; the rest outlast the load's drain and quiet_s
     try:
         deadline = time.monotonic() + 120
         while gpu_running(gpu_server.url) < 1 and time.monotonic() < deadline:
@@ -247,20 +272,22 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
                 threading.Thread(target=load.stop, daemon=True).start()
 
         with Trace(cpu_server.url) as trace:
-            result = cpu_lane.run_batch(questions(12, max_tokens=16), progress=end_interactive_load)
+            result = cpu_lane.run_batch(counting(items, max_tokens=32), progress=end_interactive_load)
+            ended = time.monotonic()
     finally:
         load.stop()
     report = result.bandwidth
-    assert report is not None and result.summary.ok == result.summary.items == 12
+    assert report is not None and result.summary.ok == result.summary.items == items
     assert load.answered > 0 and report.max_gpu_running >= 1
     assert report.events[0].cap == 1 and report.events[-1].cap is None, report.events
-    # Requests admitted before the cap came down finish normally: a sample counts as capped once the
+    assert report.initial_cap == 1  # vLLM was busy before the batch: it started at the minimum
+    # The first capped period began before anything was admitted. In a later one (vLLM busy again after a
+    # pause), requests admitted while free finish normally: a sample counts as capped there once the
     # slowest CPU-lane request of the batch has had time to end.
-    settle = max(item.metrics.latency_s for item in result.results if item.metrics is not None)
+    slowest = max(item.metrics.latency_s for item in result.results if item.metrics is not None)
     periods = capped_periods(report, trace.samples[-1][1])
-    capped = [
-        p for start, end, p in trace.samples if any(a + settle <= start and end <= b for a, b in periods)
-    ]
+    settled = [(a + (0.0 if i == 0 else slowest), b) for i, (a, b) in enumerate(periods)]
+    capped = [p for start, end, p in trace.samples if any(a <= start and end <= b for a, b in settled)]
     after = report.started_at + report.events[-1].at_s
     free = [p for start, end, p in trace.samples if start >= after]
     assert capped and max(capped) == 1  # llama-server never saw two CPU-lane requests while vLLM was busy
@@ -268,7 +295,8 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
     print(
         f"vLLM max running {report.max_gpu_running:g}; CPU lane yielded {report.yielded_s:.1f} s "
         f"({report.yields} time(s)); llama-server processing: max {max(capped):g} over {len(capped)} samples "
-        f"while capped, max {max(free):g} over {len(free)} samples after; {load.answered} interactive answers"
+        f"while capped, max {max(free):g} over {len(free)} samples after; "
+        f"{load.answered} interactive answers; the batch went on {ended - after:.1f} s after the recovery"
     )
 
 

@@ -126,6 +126,9 @@ class YieldReport(BaseModel):
     max_gpu_running: float
     unreadable_polls: int  # /metrics did not answer (counted as quiet)
     events: list[YieldEvent]
+    # The cap from the reading taken before the batch admitted anything: not None means the batch started
+    # at the minimum because the GPU lane was already busy.
+    initial_cap: int | None = None
 
     def metadata(self) -> dict[str, float | int]:
         return {
@@ -163,6 +166,7 @@ class GpuYieldGovernor:
         self._yielded_s = 0.0
         self._holding_since: float | None = None
         self._events: list[YieldEvent] = []
+        self._initial_cap: int | None = None
 
     def cap(self) -> int | None:
         with self._lock:
@@ -208,6 +212,7 @@ class GpuYieldGovernor:
                 max_gpu_running=self._max_running,
                 unreadable_polls=self._unreadable,
                 events=list(self._events),
+                initial_cap=self._initial_cap,
             )
 
     def _run(self) -> None:
@@ -229,6 +234,7 @@ class GpuYieldGovernor:
         else:
             with VllmClient(self.gpu_url, self.api_key, timeout_s=5.0, connect_timeout_s=2.0) as client:
                 self.poll_once(gpu_running_requests(client))
+        self._initial_cap = self.cap()
         self._thread = threading.Thread(target=self._run, name="gpu-yield-governor", daemon=True)
         self._thread.start()
         return self
