@@ -5,11 +5,11 @@ analysis by blob hash, so a day without change costs no request and a re-run is 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from typing import Any
 
-from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from lanes_pipeline.assets.cpu_common import (
     DETERMINISTIC_FAILURES,
-    LaneUsage,
+    LaneQuestions,
     Memo,
     load_snapshots,
     memo_key,
@@ -19,11 +19,9 @@ from lanes_pipeline.assets.cpu_common import (
 )
 from lanes_pipeline.assets.snapshot import repo_snapshot
 from lanes_pipeline.host import with_host_figures
-from lanes_pipeline.lanes.batch import BatchRequest
+from lanes_pipeline.lanes.batch import ItemResult
 from lanes_pipeline.partitions import DAILY
 from lanes_pipeline.policies import LANE_RETRY
-from lanes_pipeline.prompts import PromptLayout
-from lanes_pipeline.repos import read_blobs
 from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
 from lanes_pipeline.resources.cpu_lane import CpuLaneResource
 from lanes_pipeline.resources.pipeline_settings import PipelineSettingsResource
@@ -32,6 +30,15 @@ from lanes_pipeline.tasks import ANALYSIS, TASKS_VERSION, FileAnalysis, analysis
 
 def analysis_key(model: str, blob: str, max_tokens: int) -> str:
     return memo_key("analysis", TASKS_VERSION, model, blob, max_tokens)
+
+
+def analysis_value(item: ItemResult) -> dict[str, Any]:
+    """What a file's analysis records: the validated analysis, or why there is none."""
+    if item.status == "ok":
+        return {"status": "ok", "analysis": FileAnalysis.model_validate(item.parsed).model_dump()}
+    if item.failure is not None and item.failure.kind in DETERMINISTIC_FAILURES:
+        return {"status": item.failure.kind, "reason": item.failure.reason[:300]}
+    return {"status": "failed", "reason": (item.failure.reason if item.failure else "no answer")[:300]}
 
 
 def render_report(repos: list[dict[str, Any]]) -> str:
@@ -70,51 +77,26 @@ def repo_analysis(
     settings = pipeline_settings.load()
     config = settings.pipeline.cpu_assets
     store = artifact_store.store()
-    memo = Memo(store, "analysis")
-    usage = LaneUsage()
+    lane = LaneQuestions("repo_analysis", cpu_lane, Memo(store, "analysis"), context.log)
     entries = {e.name: e for e in settings.repos.repos}
     repos_out: list[dict[str, Any]] = []
-    transient = asked = 0
     for snapshot in load_snapshots(store, context.partition_key):
         files_out: list[dict[str, Any]] = []
         repos_out.append({"repo": snapshot.repo, "commit": snapshot.commit, "files": files_out})
         if snapshot.commit is None:
             continue
-        repo = repo_location(settings, entries[snapshot.repo])
-        keys = {
-            f.path: analysis_key(cpu_lane.model, f.blob, config.analysis_max_tokens) for f in snapshot.files
-        }
-        known = {path: memo.get(key) for path, key in keys.items()}
-        missing = [f for f in snapshot.files if known[f.path] is None]
-        if missing:
-            contents = read_blobs(repo, [f.blob for f in missing])
-            layout = PromptLayout(ANALYSIS, shared_context=snapshot.repo_map)
-            requests: list[BatchRequest] = [
-                layout.build(
-                    f"{snapshot.repo}:{f.path}",
-                    file_prompt(f.path, contents[f.blob].decode("utf-8")),
-                    max_tokens=config.analysis_max_tokens,
-                )
-                for f in missing
-            ]
-            result = cpu_lane.run_batch(requests, log=context.log, label=f"repo_analysis {snapshot.repo}")
-            usage.add(result)
-            asked += len(requests)
-            for file, item in zip(missing, result.results, strict=True):
-                if item.status == "ok":
-                    value = {
-                        "status": "ok",
-                        "analysis": FileAnalysis.model_validate(item.parsed).model_dump(),
-                    }
-                elif item.failure is not None and item.failure.kind in DETERMINISTIC_FAILURES:
-                    value = {"status": item.failure.kind, "reason": item.failure.reason[:300]}
-                else:
-                    transient += 1
-                    reason = item.failure.reason if item.failure else "no answer"
-                    known[file.path] = {"status": "failed", "reason": reason[:300]}
-                    continue  # not remembered: the next run asks again
-                memo.put(keys[file.path], value)
-                known[file.path] = value
+        max_tokens = config.analysis_max_tokens
+        keys = {f.path: analysis_key(cpu_lane.model, f.blob, max_tokens) for f in snapshot.files}
+        known = lane.answers(
+            snapshot,
+            repo_location(settings, entries[snapshot.repo]),
+            snapshot.files,
+            keys,
+            ANALYSIS,
+            max_tokens,
+            prompt=lambda f, text: file_prompt(f.path, text),
+            shape=analysis_value,
+        )
         defined = {o.path: o.defined_names() for o in snapshot.outlines}
         for file in snapshot.files:
             value = dict(known[file.path] or {})
@@ -124,12 +106,7 @@ def repo_analysis(
                 value["accepted"] = problem is None
                 value["reason"] = problem or ""
             files_out.append({"path": file.path, "blob": file.blob, **value})
-    if asked and transient / asked > config.max_failure_ratio:
-        raise Failure(
-            description=f"{transient} of {asked} analysis requests failed for transient reasons "
-            f"(> {config.max_failure_ratio:.0%}); answers so far are cached, a re-run asks only for the rest",
-            metadata=usage.metadata(memo.hits),
-        )
+    lane.check_failures(config.max_failure_ratio)
     report = render_report(repos_out)
     content_hash = write_partition(
         store, "repo_analysis", context.partition_key, {"results.json": repos_out, "report.md": report}
@@ -146,8 +123,7 @@ def repo_analysis(
             "failed_transient": statuses.count("failed"),
             "accepted": sum(bool(f.get("accepted")) for f in items),
             "acceptance_rate": ratio(sum(bool(f.get("accepted")) for f in items), len(items)),
-            "asked_this_run": asked,
-            **usage.metadata(memo.hits),
+            **lane.metadata(),
             "report": MetadataValue.md(report[:60_000]),
             "artifact_hash": content_hash,
         }

@@ -9,14 +9,16 @@ Deterministic failures (unparseable, too long) are remembered too; transient one
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dagster import MetadataValue
+from dagster import Failure, MetadataValue
 
 from lanes_pipeline.lanes.batch import BatchResult, ItemResult
-from lanes_pipeline.repos import Snapshot
+from lanes_pipeline.prompts import PromptLayout, TaskKind
+from lanes_pipeline.repos import FileEntry, Snapshot, read_blobs
+from lanes_pipeline.resources.cpu_lane import CpuLaneResource
 from lanes_pipeline.sample_repo import EMBEDDED_REPO, ensure_sample_repo
 from lanes_pipeline.settings import RepoEntry, Settings
 from lanes_pipeline.store import ArtifactStore, canonical_json, sha256_bytes, sha256_tree
@@ -67,6 +69,13 @@ def remembered_answer(item: ItemResult) -> dict[str, Any] | None:
     if item.failure is not None and item.failure.kind in DETERMINISTIC_FAILURES:
         return {"answer": None, "reason": f"{item.failure.kind}: {item.failure.reason}"[:300]}
     return None
+
+
+def is_transient(item: ItemResult) -> bool:
+    """A failure the same request may not meet again (server down, timeout): never remembered."""
+    if item.status == "ok":
+        return False
+    return item.failure is None or item.failure.kind not in DETERMINISTIC_FAILURES
 
 
 def write_partition(store: ArtifactStore, asset: str, day: str, files: dict[str, Any]) -> str:
@@ -124,6 +133,66 @@ class LaneUsage:
             "prefix_reuse": round(cached / prompt, 4) if prompt else 0.0,
             "llm_wall_s": round(wall, 3),
         }
+
+
+class LaneQuestions:
+    """The CPU-lane side of one asset: each file's answer is looked up in the memo by its key, and only
+    the missing ones are asked, in one batch per repository with the repo map as the shared prompt prefix.
+    Counts what was asked and what failed transiently, for the failure gate and the asset's metadata."""
+
+    def __init__(self, asset: str, cpu_lane: CpuLaneResource, memo: Memo, log: Any) -> None:
+        self.asset, self.cpu_lane, self.memo, self.log = asset, cpu_lane, memo, log
+        self.usage = LaneUsage()
+        self.asked = self.transient = 0
+
+    def answers(
+        self,
+        snapshot: Snapshot,
+        repo: Path,
+        files: Sequence[FileEntry],
+        keys: dict[str, str],
+        task: TaskKind,
+        max_tokens: int,
+        prompt: Callable[[FileEntry, str], str],
+        shape: Callable[[ItemResult], Any],
+    ) -> dict[str, Any]:
+        """path -> remembered value, or `shape(item)` of a fresh answer (remembered unless it failed
+        transiently, or shaped to None: then the next run asks again). `prompt` gets the file's text."""
+        known = {f.path: self.memo.get(keys[f.path]) for f in files}
+        missing = [f for f in files if known[f.path] is None]
+        if not missing:
+            return known
+        contents = read_blobs(repo, [f.blob for f in missing])
+        layout = PromptLayout(task, shared_context=snapshot.repo_map)
+        texts = {f.path: contents[f.blob].decode("utf-8") for f in missing}
+        requests = [
+            layout.build(f"{snapshot.repo}:{f.path}", prompt(f, texts[f.path]), max_tokens=max_tokens)
+            for f in missing
+        ]
+        result = self.cpu_lane.run_batch(requests, log=self.log, label=f"{self.asset} {snapshot.repo}")
+        self.usage.add(result)
+        self.asked += len(requests)
+        for file, item in zip(missing, result.results, strict=True):
+            value = shape(item)
+            if value is None or is_transient(item):
+                self.transient += 1
+            else:
+                self.memo.put(keys[file.path], value)
+            known[file.path] = value
+        return known
+
+    def check_failures(self, max_ratio: float) -> None:
+        """Fail the asset when too many requests failed transiently; what was answered stays remembered."""
+        if self.asked and self.transient / self.asked > max_ratio:
+            raise Failure(
+                description=f"{self.asset}: {self.transient} of {self.asked} requests failed for transient "
+                f"reasons (> {max_ratio:.0%}); the answers so far are remembered, a re-run asks only for "
+                "the rest",
+                metadata=self.usage.metadata(self.memo.hits),
+            )
+
+    def metadata(self) -> dict[str, Any]:
+        return {"asked_this_run": self.asked, **self.usage.metadata(self.memo.hits)}
 
 
 def ratio(part: int, whole: int) -> float:

@@ -7,10 +7,10 @@ own tests and the day's accepted generated tests all pass with the diff applied.
 from collections import Counter
 from typing import Any
 
-from dagster import AssetExecutionContext, Failure, MaterializeResult, asset
+from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from lanes_pipeline.assets.cpu_common import (
-    LaneUsage,
+    LaneQuestions,
     Memo,
     load_snapshots,
     md_table,
@@ -25,8 +25,6 @@ from lanes_pipeline.assets.testgen import generated_tests, target_files
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.partitions import DAILY
 from lanes_pipeline.policies import LANE_RETRY
-from lanes_pipeline.prompts import PromptLayout
-from lanes_pipeline.repos import read_blobs
 from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
 from lanes_pipeline.resources.cpu_lane import CpuLaneResource
 from lanes_pipeline.resources.pipeline_settings import PipelineSettingsResource
@@ -55,48 +53,33 @@ def refactor_proposals(
     config = settings.pipeline.cpu_assets
     limits = config.sandbox.model_dump()
     store = artifact_store.store()
-    answers, checks = Memo(store, "refactor_diff"), Memo(store, "diff_check")
-    usage = LaneUsage()
+    lane = LaneQuestions("refactor_proposals", cpu_lane, Memo(store, "refactor_diff"), context.log)
+    checks = Memo(store, "diff_check")
     entries = {e.name: e for e in settings.repos.repos}
     tests = read_partition(store, "generated_tests", context.partition_key)
     isolation = None
     items: list[dict[str, Any]] = []
-    transient = asked = 0
     for snapshot in load_snapshots(store, context.partition_key):
         targets = target_files(snapshot, config.max_files_per_day)
         if snapshot.commit is None or not targets:
             continue
         repo = repo_location(settings, entries[snapshot.repo])
-        contents = read_blobs(repo, [f.blob for f in targets])
         keys = {
             f.path: memo_key(
                 "refactor_diff", TASKS_VERSION, cpu_lane.model, f.blob, config.refactor_max_tokens
             )
             for f in targets
         }
-        known = {path: answers.get(key) for path, key in keys.items()}
-        missing = [f for f in targets if known[f.path] is None]
-        if missing:
-            layout = PromptLayout(REFACTOR_DIFF, shared_context=snapshot.repo_map)
-            requests = [
-                layout.build(
-                    f"{snapshot.repo}:{f.path}",
-                    file_prompt(f.path, contents[f.blob].decode("utf-8")),
-                    max_tokens=config.refactor_max_tokens,
-                )
-                for f in missing
-            ]
-            result = cpu_lane.run_batch(
-                requests, log=context.log, label=f"refactor_proposals {snapshot.repo}"
-            )
-            usage.add(result)
-            asked += len(requests)
-            for file, item in zip(missing, result.results, strict=True):
-                known[file.path] = remembered_answer(item)
-                if known[file.path] is None:
-                    transient += 1  # not remembered: the next run asks again
-                else:
-                    answers.put(keys[file.path], known[file.path])
+        known = lane.answers(
+            snapshot,
+            repo,
+            targets,
+            keys,
+            REFACTOR_DIFF,
+            config.refactor_max_tokens,
+            prompt=lambda f, text: file_prompt(f.path, text),
+            shape=remembered_answer,
+        )
         accepted_tests = {
             t["test_file"]: t["code"]
             for t in tests
@@ -140,11 +123,7 @@ def refactor_proposals(
                     check = {"verdict": judged.verdict, "reason": judged.reason[:600]}
                 checks.put(check_key, check)
             items.append({**base, "diff": parsed.text, **check})
-    if asked and transient / asked > config.max_failure_ratio:
-        raise Failure(
-            description=f"{transient} of {asked} refactor requests failed (> {config.max_failure_ratio:.0%})",
-            metadata=usage.metadata(answers.hits),
-        )
+    lane.check_failures(config.max_failure_ratio)
     content_hash = write_partition(
         store, "refactor_proposals", context.partition_key, {"results.json": items}
     )
@@ -157,8 +136,7 @@ def refactor_proposals(
             "acceptance_rate": ratio(accepted, len(items)),
             **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "accepted"},
             "check_memo_hits": checks.hits,
-            "asked_this_run": asked,
-            **usage.metadata(answers.hits),
+            **lane.metadata(),
             "verdicts": md_table(
                 ["repo", "file", "verdict", "reason"],
                 [(i["repo"], i["path"], i["verdict"], i["reason"]) for i in items],

@@ -7,11 +7,11 @@ reason. Model answers and verdicts are remembered, so a re-run asks nothing and 
 from collections import Counter
 from typing import Any
 
-from dagster import AssetExecutionContext, Failure, MaterializeResult, asset
+from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from lanes_pipeline.assets.analysis import repo_analysis
 from lanes_pipeline.assets.cpu_common import (
-    LaneUsage,
+    LaneQuestions,
     Memo,
     load_snapshots,
     md_table,
@@ -25,8 +25,7 @@ from lanes_pipeline.assets.cpu_common import (
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.partitions import DAILY
 from lanes_pipeline.policies import LANE_RETRY
-from lanes_pipeline.prompts import PromptLayout
-from lanes_pipeline.repos import is_test_path, module_name, read_blobs
+from lanes_pipeline.repos import is_test_path, module_name
 from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
 from lanes_pipeline.resources.cpu_lane import CpuLaneResource
 from lanes_pipeline.resources.pipeline_settings import PipelineSettingsResource
@@ -70,19 +69,18 @@ def generated_tests(
     settings = pipeline_settings.load()
     config = settings.pipeline.cpu_assets
     store = artifact_store.store()
-    answers, verdicts = Memo(store, "write_tests"), Memo(store, "test_verdict")
-    usage = LaneUsage()
+    lane = LaneQuestions("generated_tests", cpu_lane, Memo(store, "write_tests"), context.log)
+    verdicts = Memo(store, "test_verdict")
     entries = {e.name: e for e in settings.repos.repos}
     analyses = {r["repo"]: r for r in read_partition(store, "repo_analysis", context.partition_key)}
     isolation = None
     items: list[dict[str, Any]] = []
-    transient = asked = sandbox_runs = 0
+    sandbox_runs = 0
     for snapshot in load_snapshots(store, context.partition_key):
         targets = target_files(snapshot, config.max_files_per_day)
         if snapshot.commit is None or not targets:
             continue
         repo = repo_location(settings, entries[snapshot.repo])
-        contents = read_blobs(repo, [f.blob for f in targets])
         notes = {f.path: test_notes(analyses.get(snapshot.repo), f.path) for f in targets}
         keys = {
             f.path: memo_key(
@@ -96,27 +94,16 @@ def generated_tests(
             )
             for f in targets
         }
-        known = {path: answers.get(key) for path, key in keys.items()}
-        missing = [f for f in targets if known[f.path] is None]
-        if missing:
-            layout = PromptLayout(WRITE_TESTS, shared_context=snapshot.repo_map)
-            requests = [
-                layout.build(
-                    f"{snapshot.repo}:{f.path}",
-                    file_prompt(f.path, contents[f.blob].decode("utf-8"), module_name(f.path), notes[f.path]),
-                    max_tokens=config.tests_max_tokens,
-                )
-                for f in missing
-            ]
-            result = cpu_lane.run_batch(requests, log=context.log, label=f"generated_tests {snapshot.repo}")
-            usage.add(result)
-            asked += len(requests)
-            for file, item in zip(missing, result.results, strict=True):
-                known[file.path] = remembered_answer(item)
-                if known[file.path] is None:
-                    transient += 1  # not remembered: the next run asks again
-                else:
-                    answers.put(keys[file.path], known[file.path])
+        known = lane.answers(
+            snapshot,
+            repo,
+            targets,
+            keys,
+            WRITE_TESTS,
+            config.tests_max_tokens,
+            prompt=lambda f, text, notes=notes: file_prompt(f.path, text, module_name(f.path), notes[f.path]),
+            shape=remembered_answer,
+        )
         for file in targets:
             answer = known[file.path]
             base = {
@@ -151,11 +138,7 @@ def generated_tests(
                 }
                 verdicts.put(verdict_key, verdict)
             items.append({**base, "code": code, **verdict})
-    if asked and transient / asked > config.max_failure_ratio:
-        raise Failure(
-            description=f"{transient} of {asked} test requests failed (> {config.max_failure_ratio:.0%})",
-            metadata=usage.metadata(answers.hits),
-        )
+    lane.check_failures(config.max_failure_ratio)
     content_hash = write_partition(store, "generated_tests", context.partition_key, {"results.json": items})
     counts = Counter(item["verdict"] for item in items)
     accepted = counts.get("passed", 0)
@@ -167,8 +150,7 @@ def generated_tests(
             **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "passed"},
             "sandbox_runs": sandbox_runs,
             "verdict_memo_hits": verdicts.hits,
-            "asked_this_run": asked,
-            **usage.metadata(answers.hits),
+            **lane.metadata(),
             "verdicts": md_table(
                 ["repo", "file", "verdict", "reason"],
                 [(i["repo"], i["path"], i["verdict"], i["reason"]) for i in items],
