@@ -150,8 +150,11 @@ class AdapterService:
         """After a vLLM restart (runtime adapters are gone): the alias and the recent versions, again.
         Returns the names loaded; nothing when the alias is served already or was never set."""
         target = self.registry.alias_target(self.alias)
-        if target is None or self.alias in self.loaded():
+        if target is None:
             return []
+        with step(f"checking that {self.alias} is served"):
+            if self.alias in self.loaded():
+                return []
         check_adapter_dir(Path(target.path), self.max_lora_rank, self.supported_modules)
         with step(f"registering {self.alias} again ({target.name})"):
             self.client.load_adapter(self.alias, target.path)

@@ -54,11 +54,13 @@ class DaySummary(BaseModel):
 
     @property
     def asked_nothing(self) -> bool:
-        """The day's CPU-lane work made no LLM call: the resource sent none and the server computed none."""
+        """The day's work made no LLM call: the CPU-lane resource sent none, llama-server computed none, and
+        vLLM finished no request (evaluation, smoke tests) where its counter could be read."""
         return (
             self.llm_calls == 0
             and self.deltas.cpu_prompt_tokens == 0
             and self.deltas.cpu_generated_tokens == 0
+            and self.deltas.gpu_requests in (None, 0)
         )
 
 
@@ -158,9 +160,11 @@ def render(summary: DaySummary) -> str:
     d = summary.deltas
     lines.append("")
     if summary.asked_nothing:
+        gpu = ", vLLM finished 0 requests" if d.gpu_requests is not None else ""
         lines.append(
-            f"  LLM calls for the day's work: 0 (llama-server computed 0 prompt and 0 generated tokens): "
-            f"a re-run of {summary.partition}, every answer from the cache (cache hits: {summary.cache_hits})"
+            "  LLM calls for the day's work: 0 "
+            f"(llama-server computed 0 prompt and 0 generated tokens{gpu}): a re-run of {summary.partition}, "
+            f"every answer from the cache (cache hits: {summary.cache_hits})"
         )
     else:
         lines.append(
@@ -168,11 +172,11 @@ def render(summary: DaySummary) -> str:
             f"(llama-server computed {_cell(d.cpu_prompt_tokens, 0)} prompt and "
             f"{_cell(d.cpu_generated_tokens, 0)} generated tokens), cache hits: {summary.cache_hits}"
         )
-    if d.gpu_requests is not None:
-        lines.append(
-            "  GPU lane requests during the day's assets (evaluation task scores, promotion smoke tests): "
-            f"{d.gpu_requests:g}"
-        )
+        if d.gpu_requests is not None:
+            lines.append(
+                "  GPU lane requests during the day's assets "
+                f"(evaluation task scores, promotion smoke tests): {d.gpu_requests:g}"
+            )
     served = "-"
     if summary.served is not None:
         served = (

@@ -67,8 +67,8 @@ def test_make_run_is_the_whole_day_and_a_rerun_asks_nothing(
         after = client.counters()
     assert second.exit_code == 0, second.output
     assert (
-        "LLM calls for the day's work: 0 (llama-server computed 0 prompt and 0 generated tokens)"
-        in second.output
+        "LLM calls for the day's work: 0 (llama-server computed 0 prompt and 0 generated tokens, "
+        "vLLM finished 0 requests)" in second.output
     )
     assert "(reused)" in _row(second.output, "lora_adapter")[-1]
     for asset in ("repo_analysis", "generated_tests", "refactor_proposals"):
@@ -103,4 +103,15 @@ def test_summary_says_zero_only_when_both_sides_agree() -> None:
     assert "LLM calls for the day's work: 0 to the CPU lane (llama-server computed 40 prompt" in render(busy)
     unknown = summarize_day(DAY, rows, LaneDeltas(), served)  # a server without --metrics proves nothing
     assert not unknown.asked_nothing
+    # The GPU lane counts too: a day that evaluated or promoted an adapter asked vLLM.
+    quiet_gpu = summarize_day(
+        DAY, rows, LaneDeltas(cpu_prompt_tokens=0, cpu_generated_tokens=0, gpu_requests=0), served
+    )
+    assert quiet_gpu.asked_nothing
+    assert "0 generated tokens, vLLM finished 0 requests): a re-run" in render(quiet_gpu)
+    evaluated = summarize_day(
+        DAY, rows, LaneDeltas(cpu_prompt_tokens=0, cpu_generated_tokens=0, gpu_requests=9), served
+    )
+    assert not evaluated.asked_nothing
+    assert "(evaluation task scores, promotion smoke tests): 9" in render(evaluated)
     assert "served no (lanes-current is not loaded)" in render(quiet)

@@ -139,13 +139,35 @@ def test_the_version_folder_is_complete_and_the_figures_are_recorded(pipeline: P
     assert 0 <= recorded["task_scores"]["base"]["score"] <= 1
 
 
-def test_a_rerun_reuses_the_trained_version(pipeline: Pipeline) -> None:
+def _finished_requests(url: str) -> float:
+    with VllmClient(url) as client:
+        return client.metrics().get("vllm:request_success_total") or 0.0
+
+
+def test_a_rerun_of_the_day_reuses_everything_and_asks_vllm_nothing(
+    pipeline: Pipeline, gpu_server: EmbeddedServer
+) -> None:
+    """Idempotent: the version is reused (no training), the recorded figures are judged again (no eval
+    subprocess, no task-score requests), the alias is not moved again (no smoke requests): vLLM's own
+    counter of finished requests does not move, and the verdict and the alias are the same as before."""
+    before = _finished_requests(gpu_server.url)
+    first = pipeline.registry.get(f"lanes-{DAY}").evaluation
     started = time.perf_counter()
     again = materialize(
-        [lora_adapter], partition_key=DAY, resources=pipeline.resources, instance=DagsterInstance.ephemeral()
+        [lora_adapter, adapter_evaluation, served_adapter],
+        partition_key=DAY,
+        resources=pipeline.resources,
+        instance=DagsterInstance.ephemeral(),
     )
+    assert again.success
     assert _metadata(again, "lora_adapter")["reused_existing_version"] is True
-    assert time.perf_counter() - started < 60  # no training: only the window fingerprint
+    assert _metadata(again, "adapter_evaluation")["reused_measurements"] is True
+    serving = _metadata(again, "served_adapter")
+    assert serving["alias_moved"] is False and serving["alias_target"] == f"lanes-{DAY}"
+    assert _finished_requests(gpu_server.url) == before
+    assert pipeline.registry.get(f"lanes-{DAY}").evaluation == first
+    assert [m.version for m in pipeline.registry.alias_history(ALIAS)] == [f"lanes-{DAY}"]
+    assert time.perf_counter() - started < 60  # no training, no evaluation: only the window fingerprint
     assert [v.name for v in pipeline.registry.versions()] == [f"lanes-{DAY}"]
 
 
@@ -233,7 +255,8 @@ def test_down_disabled_and_restarted_vllm(
     assert "is served" in _sensor(pipeline).skip_message  # nothing to do while the alias is there
     gpu_server.stop()
     try:
-        # vLLM down: the asset fails, naming the URL and the step; the adapter stays on disk.
+        # vLLM down: the asset fails, naming the URL and the step; the adapter stays on disk. (The day was
+        # promoted already, so the step is keeping the alias served, not loading the version again.)
         down = materialize(
             [served_adapter],
             partition_key=DAY,
@@ -244,7 +267,7 @@ def test_down_disabled_and_restarted_vllm(
         assert not down.success
         [failure] = [e for e in down.all_events if e.is_step_failure]
         message = failure.step_failure_data.error.to_string()  # type: ignore[union-attr]
-        assert url in message and "loading lanes-2026-11-05 failed" in message
+        assert url in message and f"checking that {ALIAS} is served failed" in message
         assert (pipeline.root / "adapters" / f"lanes-{DAY}" / "adapter_model.safetensors").is_file()
         assert "not healthy" in _sensor(pipeline).skip_message
 

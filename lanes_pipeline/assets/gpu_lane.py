@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from lanes_pipeline.resources.adapter_registry import AdapterRegistryResource
 from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
 from lanes_pipeline.resources.gpu_lane import GpuLaneResource
 from lanes_pipeline.resources.lora_training import LoraTrainingResource
-from lanes_pipeline.settings import data_dir
+from lanes_pipeline.settings import TrainingConfig, data_dir
 from lanes_pipeline.training.runner import TrainingError, run_evaluation, run_training
 from lanes_pipeline.training.spec import LOSS_CURVE, EvalSpec, TrainSpec, TrainSummary
 
@@ -230,25 +231,43 @@ def _task_scores(client: VllmClient, models: dict[str, str]) -> dict[str, TaskSc
         return {label: future.result() for label, future in futures.items()}
 
 
-@asset(
-    partitions_def=DAILY,
-    group_name=GROUP,
-    pool=POOL,
-    retry_policy=LANE_RETRY,
-    deps=[lora_adapter],
-    description="Eval loss (held-out split) and a coding task score for base, current and candidate.",
-)
-@with_host_figures
-def adapter_evaluation(
+@dataclass
+class Measured:
+    """What adapter_evaluation measures for one candidate: the expensive part (an eval-loss subprocess and
+    task-score requests through vLLM). The promotion decision is a pure function of it."""
+
+    current: str | None  # the promoted version the candidate was measured against
+    figures: dict[str, EvalFigures]
+    scores: dict[str, TaskScore]
+
+
+def _measurement_inputs(config: TrainingConfig) -> dict[str, Any]:
+    """The settings the figures depend on besides the candidate itself (its training inputs fix its data
+    window, thus the held-out split): the same inputs give the same figures, so they are not measured
+    again."""
+    return {"eval_max_samples": config.eval_max_samples, "max_seq_len": config.max_seq_len}
+
+
+def _recorded(candidate: Version, inputs: dict[str, Any]) -> Measured | None:
+    evaluation = candidate.evaluation
+    if evaluation.get("measured_with") != inputs:
+        return None
+    return Measured(
+        current=evaluation["current"],
+        figures={label: EvalFigures.model_validate(f) for label, f in evaluation["figures"].items()},
+        scores={label: TaskScore.model_validate(s) for label, s in evaluation["task_scores"].items()},
+    )
+
+
+def _measure(
     context: AssetExecutionContext,
+    candidate: Version,
     gpu_lane: GpuLaneResource,
     lora_training: LoraTrainingResource,
     adapter_registry: AdapterRegistryResource,
-    artifact_store: ArtifactStoreResource,
-) -> MaterializeResult:
-    day, config = _day(context), lora_training.config()
-    registry = adapter_registry.registry()
-    candidate = _day_candidate(adapter_registry, day)
+    dirs: list[Path],
+) -> Measured:
+    config, registry = lora_training.config(), adapter_registry.registry()
     current = next(
         (
             registry.get(m.version)
@@ -257,8 +276,6 @@ def adapter_evaluation(
         ),
         None,
     )
-    store = artifact_store.store()
-    dirs = window_dirs(store.root, day, config.replay_window_days)
     adapters = {candidate.name: candidate.path} | ({current.name: current.path} if current else {})
     spec = EvalSpec(
         base_model_dir=str(lora_training.base_model_path()),
@@ -280,13 +297,46 @@ def adapter_evaluation(
             service.ensure_loaded(current)
             served["current"] = current.name
         scores = _task_scores(client, served)
-
     figures = {
         "base": EvalFigures(eval_loss=losses["base"], task_score=scores["base"].score),
         "candidate": EvalFigures(eval_loss=losses[candidate.name], task_score=scores["candidate"].score),
     }
     if current is not None:
         figures["current"] = EvalFigures(eval_loss=losses[current.name], task_score=scores["current"].score)
+    return Measured(current.name if current else None, figures, scores)
+
+
+@asset(
+    partitions_def=DAILY,
+    group_name=GROUP,
+    pool=POOL,
+    retry_policy=LANE_RETRY,
+    deps=[lora_adapter],
+    description="Eval loss (held-out split) and a coding task score for base, current and candidate.",
+)
+@with_host_figures
+def adapter_evaluation(
+    context: AssetExecutionContext,
+    gpu_lane: GpuLaneResource,
+    lora_training: LoraTrainingResource,
+    adapter_registry: AdapterRegistryResource,
+    artifact_store: ArtifactStoreResource,
+) -> MaterializeResult:
+    day, config = _day(context), lora_training.config()
+    registry = adapter_registry.registry()
+    candidate = _day_candidate(adapter_registry, day)
+    store = artifact_store.store()
+    inputs = _measurement_inputs(config)
+    # A re-run of the day (or a backfill over it) judges the figures already measured: the day's verdict
+    # stands against the version that was current then, and the lanes are not asked again.
+    measured = _recorded(candidate, inputs)
+    reused = measured is not None
+    if measured is None:
+        dirs = window_dirs(store.root, day, config.replay_window_days)
+        measured = _measure(context, candidate, gpu_lane, lora_training, adapter_registry, dirs)
+    else:
+        context.log.info(f"{candidate.name} was measured with these settings already: 0 requests")
+    figures = measured.figures
     decision = promotion_decision(
         figures["candidate"],
         figures["base"],
@@ -296,12 +346,13 @@ def adapter_evaluation(
     )
     evaluation = {
         "candidate": candidate.name,
-        "current": current.name if current else None,
+        "current": measured.current,
         "figures": {label: f.model_dump() for label, f in figures.items()},
-        "task_scores": {label: s.model_dump() for label, s in scores.items()},
+        "task_scores": {label: s.model_dump() for label, s in measured.scores.items()},
         "eval_samples": config.eval_max_samples,
         "loss_margin": config.eval_loss_margin,
         "task_score_tolerance": config.task_score_tolerance,
+        "measured_with": inputs,
         "decision": decision.model_dump(),
     }
     registry.record_evaluation(candidate.name, evaluation)
@@ -312,8 +363,9 @@ def adapter_evaluation(
     context.log.info(f"{candidate.name}: {verdict}: " + "; ".join(decision.reasons))
     metadata: dict[str, Any] = {
         "candidate": candidate.name,
-        "current": current.name if current else "none",
+        "current": measured.current or "none",
         "promote": decision.promote,
+        "reused_measurements": reused,
         "reasons": MetadataValue.md("\n".join(f"- {r}" for r in decision.reasons)),
     }
     for label, f in figures.items():
@@ -345,9 +397,17 @@ def served_adapter(
         raise Failure(
             f"{candidate.name} has not been evaluated: materialize adapter_evaluation for {day} first"
         )
+    # The day's promotion happens once: a re-run (or a backfill over the day after later days moved the
+    # alias, or after a rollback) leaves the alias where it is instead of moving it back to this version.
+    earlier = [
+        m
+        for m in adapter_registry.registry().alias_history(gpu_lane.alias_name)
+        if m.version == candidate.name
+    ]
+    report = None
     with gpu_lane.vllm() as client:
         service = service_for(gpu_lane, adapter_registry, lora_training, client)
-        if decision["promote"]:
+        if decision["promote"] and not earlier:
             report = service.promote(candidate, reason=f"daily {day}")
             context.log.info(
                 f"{report.alias} -> {report.version} in {report.seconds:.2f} s "
@@ -355,8 +415,9 @@ def served_adapter(
             )
         else:
             restored = service.restore()  # keep what was served, even across a restart
+            why = f"was promoted at {earlier[0].moved_at} already" if decision["promote"] else "was rejected"
             context.log.info(
-                f"{candidate.name} was rejected; {gpu_lane.alias_name} stays"
+                f"{candidate.name} {why}; {gpu_lane.alias_name} stays"
                 + (f" (restored {', '.join(restored)})" if restored else "")
             )
         target = service.registry.alias_target(gpu_lane.alias_name)
@@ -369,7 +430,8 @@ def served_adapter(
         "loaded_adapters": MetadataValue.json(loaded),
         "url": MetadataValue.url(client.base_url),
     }
-    if decision["promote"]:
+    metadata["alias_moved"] = report is not None
+    if report is not None:
         metadata["alias_move_s"] = round(report.seconds, 3)
         metadata["unloaded"] = MetadataValue.json(report.unloaded)
     return MaterializeResult(metadata=metadata)
