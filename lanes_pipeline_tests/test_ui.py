@@ -175,8 +175,12 @@ class DevTools:
         result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
         return result["result"].get("value")
 
-    def close(self) -> None:
-        self.ws.close()
+    def __enter__(self) -> DevTools:
+        self.ws.__enter__()  # websockets 17 wants its sync connection used as a context manager
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ws.__exit__(*exc)  # type: ignore[arg-type]
 
 
 # The graph's group boxes (CollapsedGroupNode / ExpandedGroupNode components, not the sidebar's tree) whose
@@ -254,8 +258,7 @@ def test_the_asset_graph_page_shows_our_groups(webserver: Webserver, chromium: P
             assert line or browser.poll() is None, "chromium exited before DevTools came up"
         assert port is not None, "chromium did not report its DevTools port"
         pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list").json() if t["type"] == "page"]
-        tools = DevTools(pages[0]["webSocketDebuggerUrl"])
-        try:
+        with DevTools(pages[0]["webSocketDebuggerUrl"]) as tools:
             tools.call(
                 "Emulation.setDeviceMetricsOverride",
                 width=1600,
@@ -281,8 +284,6 @@ def test_the_asset_graph_page_shows_our_groups(webserver: Webserver, chromium: P
                     break
             png = base64.b64decode(tools.call("Page.captureScreenshot", format="png")["data"])
             text = tools.evaluate("document.body.innerText") or ""
-        finally:
-            tools.close()
     finally:
         browser.terminate()
         browser.wait(timeout=30)
