@@ -14,11 +14,9 @@ import click
 
 from lanes_pipeline.instance import in_process_run_tags, prepare_instance, use_project_instance
 from lanes_pipeline.lanes.cpu import CpuClient
-from lanes_pipeline.lanes.embedded import LANE_LABEL, LaneEndpoints, running_lanes
+from lanes_pipeline.lanes.embedded import LANE_LABEL, LaneEndpoints, LaneName, running_lanes
 from lanes_pipeline.lanes.errors import LaneError
 from lanes_pipeline.lanes.gpu import VllmClient
-from lanes_pipeline.lanes.openai_api import OpenAIClient
-from lanes_pipeline.lanes.probe import ProbeResult, probe
 from lanes_pipeline.run_summary import AssetOutcome, LaneDeltas, ServedState, render, summarize_day
 from lanes_pipeline.settings import ConfigError, Settings, load_settings
 
@@ -27,25 +25,31 @@ DAILY_JOB = "daily_lanes"
 __all__ = ["run", "use_project_instance"]  # use_project_instance: kept importable from here
 
 
-def _probe_lanes(settings: Settings, endpoints: LaneEndpoints) -> list[ProbeResult]:
-    results = []
-    for lane, model, config in (
-        ("cpu", settings.lanes.cpu_lane.model_alias, settings.lanes.cpu_lane),
-        ("gpu", settings.lanes.gpu_lane.served_model_name, settings.lanes.gpu_lane),
-    ):
-        with OpenAIClient(
-            LANE_LABEL[lane], endpoints.url(lane), config.api_key(), config.request_timeout_s
-        ) as c:
-            result = probe(c, model)
-        prompt_speed = f", prompt {result.prompt_tokens_per_s} tok/s" if result.prompt_tokens_per_s else ""
-        click.echo(
-            f"\n[{result.lane} lane] {model} @ {endpoints.url(lane)}\n"
-            f"  answer: {result.answer}\n"
-            f"  generation {result.generation_tokens_per_s} tok/s{prompt_speed} "
-            f"({result.completion_tokens} tokens in {result.latency_s} s; {result.speed_source})"
-        )
-        results.append(result)
-    return results
+PROBE_LANES: dict[str, LaneName] = {"cpu_lane_probe": "cpu", "gpu_lane_probe": "gpu"}
+
+
+def _probe_report(row: AssetOutcome) -> str:
+    """What a lane probe asset measured, as `lanes run` prints it before the day's work."""
+    lane, m = LANE_LABEL[PROBE_LANES[row.asset]], row.metadata
+    if row.status != "materialized":
+        return f"\n[{lane} lane] probe {row.status}: see the run in `make dev`"
+    answer = str(m["answer"]).removeprefix("```\n").removesuffix("\n```")  # a code block in the UI
+    prompt_speed = f", prompt {m['prompt_tokens_per_s']} tok/s" if m.get("prompt_tokens_per_s") else ""
+    return (
+        f"\n[{lane} lane] {m['model']} @ {m['url']}\n"
+        f"  answer: {answer}\n"
+        f"  generation {m['generation_tokens_per_s']} tok/s{prompt_speed} "
+        f"({m['completion_tokens']} tokens in {m['latency_s']} s; {m['speed_source']})"
+    )
+
+
+def _probe_speed(row: AssetOutcome) -> str:
+    """The probe's line in the closing summary."""
+    m = row.metadata
+    return (
+        f"  {LANE_LABEL[PROBE_LANES[row.asset]]} lane: {m['generation_tokens_per_s']:>7} tok/s generation, "
+        f"{m['latency_s']:>6} s latency"
+    )
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,11 @@ def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[s
         )
         rows += _outcomes(probes, [k.to_user_string() for k in unpartitioned], None)
         failures += [] if probes.success else ["lane probes"]
+    # The probe assets are the run's one request to each lane: printed now, summarized at the end.
+    probe_rows = [r for r in rows if r.asset in PROBE_LANES]
+    for row in probe_rows:
+        click.echo(_probe_report(row))
+    speeds = [_probe_speed(r) for r in probe_rows if r.status == "materialized"]
     partition = day.isoformat()
     before = _read_counters(settings, endpoints)
     result = job.execute_in_process(
@@ -158,7 +167,7 @@ def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[s
     )
     summary = summarize_day(partition, rows, deltas, _served(settings, endpoints))
     header = f"daily_lanes for {partition} (run {result.run_id[:8]})"
-    return f"{header}\n{render(summary)}", result.success and not failures, failures
+    return "\n".join([*speeds, header, render(summary)]), result.success and not failures, failures
 
 
 def yesterday(settings: Settings) -> date:
@@ -187,18 +196,12 @@ def run(day: datetime | None) -> None:
         for run_id in released:
             click.echo(f"[lanes] run {run_id} had died holding pool slots: marked failed, slots freed")
         with running_lanes(settings) as endpoints:
-            probes = _probe_lanes(settings, endpoints)
             click.echo(f"\n[lanes] running daily_lanes for {partition.isoformat()}")
             summary, success, failures = _run_day(settings, endpoints, partition)
             click.echo("[lanes] stopping the lanes")
     except (ConfigError, LaneError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo("\nSummary")
-    for result in probes:
-        click.echo(
-            f"  {result.lane} lane: {result.generation_tokens_per_s:>7} tok/s generation, "
-            f"{result.latency_s:>6} s latency"
-        )
     click.echo(summary)
     click.echo(f"  wall time {time.perf_counter() - started:.0f} s")
     if not success:
