@@ -8,7 +8,7 @@ counters before and after). A re-run of a day shows 0 on both, which is the proo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -105,31 +105,34 @@ def _cell(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _adapter_result(m: Mapping[str, Any]) -> str:
+    reused = " (reused)" if m.get("reused_existing_version") else ""
+    return f"{m.get('version')}{reused}, loss {_cell(m.get('final_loss'), 3)}"
+
+
+# The one figure that says what each asset produced, from its metadata.
+RESULTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "repo_snapshot": lambda m: f"{m.get('files', 0)} files, {m.get('changed_files', 0)} changed",
+    "repo_analysis": lambda m: (
+        f"{m.get('analysed_ok', 0)} of {m.get('files', 0)} analysed, {m.get('accepted', 0)} accepted"
+    ),
+    "generated_tests": lambda m: f"{m.get('accepted', 0)} of {m.get('candidates', 0)} tests accepted",
+    "refactor_proposals": lambda m: f"{m.get('accepted', 0)} of {m.get('proposals', 0)} diffs accepted",
+    "lora_dataset": lambda m: f"{m.get('train_rows', 0)} train + {m.get('eval_rows', 0)} eval rows",
+    "lora_adapter": _adapter_result,
+    "adapter_evaluation": lambda m: "promote" if m.get("promote") else "reject",
+    "served_adapter": lambda m: f"{m.get('alias')} -> {m.get('alias_target')}",
+}
+
+
 def _result(row: AssetOutcome) -> str:
-    """The one figure that says what the asset produced."""
     m = row.metadata
     if row.status != "materialized":
         return ""
     if "speed_source" in m:  # a lane probe
         return f"{m.get('completion_tokens', 0)} tokens, {_cell(m.get('latency_s'), 2)} s"
-    if row.asset == "repo_snapshot":
-        return f"{m.get('files', 0)} files, {m.get('changed_files', 0)} changed"
-    if row.asset == "repo_analysis":
-        return f"{m.get('analysed_ok', 0)} of {m.get('files', 0)} analysed, {m.get('accepted', 0)} accepted"
-    if row.asset == "generated_tests":
-        return f"{m.get('accepted', 0)} of {m.get('candidates', 0)} tests accepted"
-    if row.asset == "refactor_proposals":
-        return f"{m.get('accepted', 0)} of {m.get('proposals', 0)} diffs accepted"
-    if row.asset == "lora_dataset":
-        return f"{m.get('train_rows', 0)} train + {m.get('eval_rows', 0)} eval rows"
-    if row.asset == "lora_adapter":
-        reused = " (reused)" if m.get("reused_existing_version") else ""
-        return f"{m.get('version')}{reused}, loss {_cell(m.get('final_loss'), 3)}"
-    if row.asset == "adapter_evaluation":
-        return "promote" if m.get("promote") else "reject"
-    if row.asset == "served_adapter":
-        return f"{m.get('alias')} -> {m.get('alias_target')}"
-    return ""
+    describe = RESULTS.get(row.asset)
+    return describe(m) if describe else ""
 
 
 HEADER = ("asset", "status", "LLM calls", "cache hits", "tok/s", "prefix reuse", "result")

@@ -399,14 +399,11 @@ def served_adapter(
         )
     # The day's promotion happens once: a re-run (or a backfill over the day after later days moved the
     # alias, or after a rollback) leaves the alias where it is instead of moving it back to this version.
-    earlier = [
-        m
-        for m in adapter_registry.registry().alias_history(gpu_lane.alias_name)
-        if m.version == candidate.name
-    ]
     report = None
     with gpu_lane.vllm() as client:
         service = service_for(gpu_lane, adapter_registry, lora_training, client)
+        history = service.registry.alias_history(gpu_lane.alias_name)
+        earlier = [m for m in history if m.version == candidate.name]
         if decision["promote"] and not earlier:
             report = service.promote(candidate, reason=f"daily {day}")
             context.log.info(
