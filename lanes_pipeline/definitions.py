@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from dagster import Definitions, load_assets_from_modules
 
-from lanes_pipeline.assets import analysis, gpu_lane, lane_probes, lora_dataset, refactor, snapshot, testgen
-from lanes_pipeline.checks import CHECKS
-from lanes_pipeline.jobs import JOBS
-from lanes_pipeline.resources.adapter_registry import AdapterRegistryResource
-from lanes_pipeline.resources.artifact_store import ArtifactStoreResource
-from lanes_pipeline.resources.cpu_lane import CpuLaneResource
-from lanes_pipeline.resources.gpu_lane import GpuLaneResource
-from lanes_pipeline.resources.lora_training import LoraTrainingResource
-from lanes_pipeline.resources.pipeline_settings import PipelineSettingsResource
-from lanes_pipeline.schedules import daily_schedule
-from lanes_pipeline.sensors import SENSORS
+from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
+from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
+from lanes_pipeline.cpu_lane.assets import tests as testgen
+from lanes_pipeline.cpu_lane.checks import CHECKS
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.daily import lane_probes
+from lanes_pipeline.daily.jobs import JOBS
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.schedules import daily_schedule
+from lanes_pipeline.gpu_lane import assets as gpu_lane
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
+from lanes_pipeline.gpu_lane.sensors import SENSORS
 from lanes_pipeline.settings import Settings, load_settings
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lanes_pipeline.lanes.embedded import EmbeddedServer, build_server
+from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.settings import Settings, load_settings
 
 

@@ -23,13 +23,13 @@ from typing import Any
 
 import httpx
 
-from lanes_pipeline.lanes.batch import BatchConfig, BatchRequest, BatchRunner, BatchSummary
-from lanes_pipeline.lanes.cache import ResponseCache
-from lanes_pipeline.lanes.cpu import CpuClient
-from lanes_pipeline.lanes.embedded import EmbeddedServer, build_server
-from lanes_pipeline.lanes.metrics import busy_slots_between
-from lanes_pipeline.lanes.openai_api import ChatMessage
-from lanes_pipeline.prompts import PromptLayout, TaskKind
+from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.batch import BatchConfig, BatchRequest, BatchRunner, BatchSummary
+from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
+from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
+from lanes_pipeline.http import ChatMessage
+from lanes_pipeline.prometheus import busy_slots_between
 from lanes_pipeline.settings import Settings
 
 # Small enough for two busy cores; raise them on a real workstation for steadier figures.

@@ -17,17 +17,17 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from lanes_pipeline.adapter_serving import AdapterService
-from lanes_pipeline.adapters import AdapterRegistry, supported_target_modules
-from lanes_pipeline.dataset_window import make_row, partition_dir, save_dataset
-from lanes_pipeline.lanes import engines
-from lanes_pipeline.lanes.embedded import running_lanes
-from lanes_pipeline.lanes.errors import LaneError
-from lanes_pipeline.lanes.gpu import VllmClient
-from lanes_pipeline.lanes.openai_api import ChatMessage, ChatRequest
+from lanes_pipeline.embedded import engines
+from lanes_pipeline.embedded.servers import running_lanes
+from lanes_pipeline.errors import LaneError
+from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, supported_target_modules
+from lanes_pipeline.gpu_lane.client import VllmClient
+from lanes_pipeline.gpu_lane.serving import AdapterService
+from lanes_pipeline.gpu_lane.training.runner import run_training
+from lanes_pipeline.gpu_lane.training.spec import TrainSpec, TrainSummary
+from lanes_pipeline.gpu_lane.training_window import make_row, partition_dir, save_dataset
+from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.settings import LoraSettings, Settings
-from lanes_pipeline.training.runner import run_training
-from lanes_pipeline.training.spec import TrainSpec, TrainSummary
 
 DAY = date(2026, 11, 1)
 SHORT_SAMPLES = 96
@@ -250,7 +250,7 @@ def _markdown(training: dict[str, Any], swap: dict[str, Any], load: tuple[float,
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    from lanes_pipeline.training.trainer import remove_stale_partials
+    from lanes_pipeline.gpu_lane.training.trainer import remove_stale_partials
 
     with tempfile.TemporaryDirectory(prefix="lanes-bench-gpu-") as scratch:
         work = Path(scratch)

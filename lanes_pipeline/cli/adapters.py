@@ -6,13 +6,15 @@ from datetime import date
 
 import click
 
-from lanes_pipeline.adapter_serving import AdapterService, ServingError
-from lanes_pipeline.adapters import IncompatibleAdapterError, UnknownVersionError, supported_target_modules
-from lanes_pipeline.lanes.errors import LaneError
-from lanes_pipeline.lanes.gpu import VllmClient
-from lanes_pipeline.resources.adapter_registry import AdapterRegistryResource
-from lanes_pipeline.resources.gpu_lane import GpuLaneResource
-from lanes_pipeline.resources.lora_training import LoraTrainingResource
+from lanes_pipeline.errors import LaneError
+from lanes_pipeline.gpu_lane.adapters import (
+    IncompatibleAdapterError,
+    UnknownVersionError,
+    supported_target_modules,
+)
+from lanes_pipeline.gpu_lane.client import VllmClient
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
+from lanes_pipeline.gpu_lane.serving import AdapterService, ServingError
 from lanes_pipeline.settings import ConfigError, load_settings
 
 

@@ -13,7 +13,7 @@ from datetime import date, datetime, timedelta
 
 import click
 
-from lanes_pipeline.instance import prepare_instance, use_project_instance
+from lanes_pipeline.daily.instance import prepare_instance, use_project_instance
 from lanes_pipeline.settings import ConfigError, load_settings
 
 DAILY_JOB = "daily_lanes"

@@ -23,12 +23,12 @@ import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from lanes_pipeline.lanes.batch import BatchProgress, BatchRequest, BatchResult, ItemResult
-from lanes_pipeline.lanes.embedded import running_lanes
-from lanes_pipeline.lanes.errors import LaneError
-from lanes_pipeline.lanes.openai_api import ChatMessage
-from lanes_pipeline.prompts import ASK, SHORT_ANSWER, PromptLayout, TaskKind, task_kind
-from lanes_pipeline.resources.cpu_lane import CpuLaneResource
+from lanes_pipeline.cpu_lane.batch import BatchProgress, BatchRequest, BatchResult, ItemResult
+from lanes_pipeline.cpu_lane.prompts import ASK, SHORT_ANSWER, PromptLayout, TaskKind, task_kind
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.embedded.servers import running_lanes
+from lanes_pipeline.errors import LaneError
+from lanes_pipeline.http import ChatMessage
 from lanes_pipeline.settings import ConfigError, Settings, load_settings
 
 

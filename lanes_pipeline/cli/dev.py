@@ -9,9 +9,9 @@ import sys
 
 import click
 
-from lanes_pipeline.instance import prepare_instance, use_project_instance
-from lanes_pipeline.lanes.embedded import running_lanes
-from lanes_pipeline.lanes.errors import LaneError
+from lanes_pipeline.daily.instance import prepare_instance, use_project_instance
+from lanes_pipeline.embedded.servers import running_lanes
+from lanes_pipeline.errors import LaneError
 from lanes_pipeline.settings import ConfigError, load_settings
 
 

@@ -12,12 +12,12 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from lanes_pipeline.instance import in_process_run_tags, prepare_instance, use_project_instance
-from lanes_pipeline.lanes.cpu import CpuClient
-from lanes_pipeline.lanes.embedded import LANE_LABEL, LaneEndpoints, LaneName, running_lanes
-from lanes_pipeline.lanes.errors import LaneError
-from lanes_pipeline.lanes.gpu import VllmClient
-from lanes_pipeline.run_summary import AssetOutcome, LaneDeltas, ServedState, render, summarize_day
+from lanes_pipeline.cli.run_summary import AssetOutcome, LaneDeltas, ServedState, render, summarize_day
+from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.daily.instance import in_process_run_tags, prepare_instance, use_project_instance
+from lanes_pipeline.embedded.servers import LANE_LABEL, LaneEndpoints, LaneName, running_lanes
+from lanes_pipeline.errors import LaneError
+from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.settings import ConfigError, Settings, load_settings
 
 DAILY_JOB = "daily_lanes"

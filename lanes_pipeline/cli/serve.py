@@ -8,8 +8,8 @@ import threading
 
 import click
 
-from lanes_pipeline.lanes.embedded import LaneName, running_lanes
-from lanes_pipeline.lanes.errors import LaneError
+from lanes_pipeline.embedded.servers import LaneName, running_lanes
+from lanes_pipeline.errors import LaneError
 from lanes_pipeline.settings import ConfigError, load_settings
 
 WHICH: dict[str, tuple[LaneName, ...]] = {"cpu": ("cpu",), "gpu": ("gpu",), "all": ("cpu", "gpu")}

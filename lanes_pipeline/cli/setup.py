@@ -10,8 +10,8 @@ import time
 
 import click
 
-from lanes_pipeline.lanes import engines
-from lanes_pipeline.lanes.errors import LaneError
+from lanes_pipeline.embedded import engines
+from lanes_pipeline.errors import LaneError
 from lanes_pipeline.settings import ConfigError, load_settings
 
 

@@ -1,0 +1,210 @@
+"""What the CPU-lane assets share: where a repository is, the per-item memo, artifacts and metadata.
+
+The memo is what makes the daily assets incremental and idempotent: every model answer and every sandbox
+verdict is stored under a key made of what decided it (a blob hash, a commit, the task's version, the
+configured model), so a re-run of a day, or a day where a file did not change, finds it and asks nothing.
+Deterministic failures (unparseable, too long) are remembered too; transient ones (server down) are not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dagster import Failure, MetadataValue
+
+from lanes_pipeline.cpu_lane.batch import BatchResult, ItemResult
+from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
+from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, read_blobs
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.sample_repo import EMBEDDED_REPO, ensure_sample_repo
+from lanes_pipeline.settings import RepoEntry, Settings
+from lanes_pipeline.store import ArtifactStore, canonical_json, sha256_bytes, sha256_tree
+
+MEMO = "_memo"
+# Failure kinds of the batch runner that the same request would meet again: remembered, not re-asked.
+DETERMINISTIC_FAILURES = frozenset({"unparseable", "too_long"})
+
+
+def repo_location(settings: Settings, entry: RepoEntry) -> Path:
+    """The git repository of a config entry; `embedded` is the shipped sample, built on first use."""
+    if entry.path == EMBEDDED_REPO:
+        return ensure_sample_repo(settings.data_dir / "sample_repo")
+    return settings.repo_path(entry)
+
+
+def memo_key(*parts: Any) -> str:
+    return sha256_bytes(canonical_json(list(parts)))
+
+
+class Memo:
+    """Content-addressed JSON values in the artifact store (atomic writes, safe to share between runs)."""
+
+    def __init__(self, store: ArtifactStore, namespace: str) -> None:
+        self.folder = store.root / MEMO / namespace
+        self.store = store
+        self.hits = 0
+
+    def _path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> Any | None:
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        self.hits += 1
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    def put(self, key: str, value: Any) -> None:
+        self.store.write_bytes(self._path(key), canonical_json(value))
+
+
+def remembered_answer(item: ItemResult) -> dict[str, Any] | None:
+    """What to remember of a free-text answer: the text, or a deterministic failure (a prompt too long
+    for the context stays too long); None for a transient failure, which the next run asks again."""
+    if item.status == "ok" and item.text is not None:
+        return {"answer": item.text}
+    if item.failure is not None and item.failure.kind in DETERMINISTIC_FAILURES:
+        return {"answer": None, "reason": f"{item.failure.kind}: {item.failure.reason}"[:300]}
+    return None
+
+
+def is_transient(item: ItemResult) -> bool:
+    """A failure the same request may not meet again (server down, timeout): never remembered."""
+    if item.status == "ok":
+        return False
+    return item.failure is None or item.failure.kind not in DETERMINISTIC_FAILURES
+
+
+def write_partition(store: ArtifactStore, asset: str, day: str, files: dict[str, Any]) -> str:
+    """Replace the asset's partition folder with `files` (name -> JSON value or text) in one rename, and
+    return the folder's content hash: equal content, equal hash, whatever ran before."""
+    target = store.folder(asset, day)
+    with store.atomic_folder(target) as staging:
+        for name, value in sorted(files.items()):
+            data = value.encode("utf-8") if isinstance(value, str) else _pretty_json(value)
+            (staging / name).write_bytes(data)
+    return sha256_tree(target)
+
+
+def _pretty_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, indent=1).encode("utf-8") + b"\n"
+
+
+def load_snapshots(store: ArtifactStore, day: str) -> list[Snapshot]:
+    data = store.read_json("repo_snapshot", day, "snapshots.json")
+    return [Snapshot.model_validate(item) for item in data]
+
+
+def read_partition(store: ArtifactStore, asset: str, day: str) -> Any:
+    if not store.exists(asset, day, "results.json"):
+        raise FileNotFoundError(f"{asset} has no partition {day}: materialize it first")
+    return store.read_json(asset, day, "results.json")
+
+
+class LaneUsage:
+    """CPU-lane figures over the batches of one materialization, as flat metadata."""
+
+    def __init__(self) -> None:
+        self.batches: list[BatchResult] = []
+
+    def add(self, result: BatchResult) -> None:
+        self.batches.append(result)
+
+    def metadata(self, memo_hits: int) -> dict[str, Any]:
+        summaries = [b.summary for b in self.batches]
+        prompt = sum(s.prompt_tokens for s in summaries)
+        cached = sum(s.cached_prompt_tokens for s in summaries)
+        completion = sum(s.completion_tokens for s in summaries)
+        wall = sum(s.wall_s for s in summaries)
+        return {
+            "llm_requests": sum(s.requests_sent for s in summaries),
+            "llm_answered": sum(s.answered for s in summaries),
+            "cache_hits": memo_hits + sum(s.cache_hits for s in summaries),
+            "memo_hits": memo_hits,
+            "response_cache_hits": sum(s.cache_hits for s in summaries),
+            "prompt_tokens": prompt,
+            "cached_prompt_tokens": cached,
+            "completion_tokens": completion,
+            "generation_tokens_per_s": round(completion / wall, 2) if wall > 0 else 0.0,
+            "prompt_tokens_per_s": round((prompt - cached) / wall, 2) if wall > 0 else 0.0,
+            "prefix_reuse": round(cached / prompt, 4) if prompt else 0.0,
+            "llm_wall_s": round(wall, 3),
+        }
+
+
+class LaneQuestions:
+    """The CPU-lane side of one asset: each file's answer is looked up in the memo by its key, and only
+    the missing ones are asked, in one batch per repository with the repo map as the shared prompt prefix.
+    Counts what was asked and what failed transiently, for the failure gate and the asset's metadata."""
+
+    def __init__(self, asset: str, cpu_lane: CpuLaneResource, memo: Memo, log: Any) -> None:
+        self.asset, self.cpu_lane, self.memo, self.log = asset, cpu_lane, memo, log
+        self.usage = LaneUsage()
+        self.asked = self.transient = 0
+
+    def answers(
+        self,
+        snapshot: Snapshot,
+        repo: Path,
+        files: Sequence[FileEntry],
+        keys: dict[str, str],
+        task: TaskKind,
+        max_tokens: int,
+        prompt: Callable[[FileEntry, str], str],
+        shape: Callable[[ItemResult], Any],
+    ) -> dict[str, Any]:
+        """path -> remembered value, or `shape(item)` of a fresh answer (remembered unless it failed
+        transiently, or shaped to None: then the next run asks again). `prompt` gets the file's text."""
+        known = {f.path: self.memo.get(keys[f.path]) for f in files}
+        missing = [f for f in files if known[f.path] is None]
+        if not missing:
+            return known
+        contents = read_blobs(repo, [f.blob for f in missing])
+        layout = PromptLayout(task, shared_context=snapshot.repo_map)
+        texts = {f.path: contents[f.blob].decode("utf-8") for f in missing}
+        requests = [
+            layout.build(f"{snapshot.repo}:{f.path}", prompt(f, texts[f.path]), max_tokens=max_tokens)
+            for f in missing
+        ]
+        result = self.cpu_lane.run_batch(requests, log=self.log, label=f"{self.asset} {snapshot.repo}")
+        self.usage.add(result)
+        self.asked += len(requests)
+        for file, item in zip(missing, result.results, strict=True):
+            value = shape(item)
+            if value is None or is_transient(item):
+                self.transient += 1
+            else:
+                self.memo.put(keys[file.path], value)
+            known[file.path] = value
+        return known
+
+    def check_failures(self, max_ratio: float) -> None:
+        """Fail the asset when too many requests failed transiently; what was answered stays remembered."""
+        if self.asked and self.transient / self.asked > max_ratio:
+            raise Failure(
+                description=f"{self.asset}: {self.transient} of {self.asked} requests failed for transient "
+                f"reasons (> {max_ratio:.0%}); the answers so far are remembered, a re-run asks only for "
+                "the rest",
+                metadata=self.usage.metadata(self.memo.hits),
+            )
+
+    def metadata(self) -> dict[str, Any]:
+        return {"asked_this_run": self.asked, **self.usage.metadata(self.memo.hits)}
+
+
+def ratio(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]], limit: int = 60) -> MetadataValue:
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")[:200]
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows[:limit]]
+    if len(rows) > limit:
+        lines.append(f"| ... {len(rows) - limit} more |" + " |" * (len(header) - 1))
+    return MetadataValue.md("\n".join(lines))

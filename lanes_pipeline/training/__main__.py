@@ -1,8 +1,0 @@
-"""`python -m lanes_pipeline.training train|eval SPEC.json`: progress as JSON lines on stdout."""
-
-import sys
-
-from lanes_pipeline.training.trainer import main
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,118 @@
+"""Helpers for the CPU-lane tests: batches of short questions, runner configs, private servers."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.batch import (
+    BatchConfig,
+    BatchRequest,
+    BatchResult,
+    BatchRunner,
+    ProgressCallback,
+)
+from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
+from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
+from lanes_pipeline.settings import Settings
+
+COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "black", "white", "brown", "pink", "gray")
+
+
+def questions(count: int, max_tokens: int = 12, offset: int = 0) -> list[BatchRequest]:
+    """Short free-text questions with the fixed-prefix layout: cheap, and never unparseable."""
+    layout = PromptLayout(ASK, shared_context="This is a test of a batch client.")
+    return [
+        layout.build(
+            f"q{offset + i}",
+            f"Name one thing that is {COLORS[(offset + i) % len(COLORS)]}. ({offset + i})",
+            max_tokens,
+        )
+        for i in range(count)
+    ]
+
+
+def batch_config(settings: Settings, **changes: Any) -> BatchConfig:
+    lane = settings.lanes.cpu_lane
+    config = BatchConfig(
+        model_alias=lane.model_alias,
+        configured_model=lane.model,
+        max_slots=lane.max_slots,
+        ready_timeout_s=120.0,
+    )
+    return config.model_copy(update=changes)
+
+
+def run_batch(
+    url: str,
+    cache_path: Path,
+    config: BatchConfig,
+    requests: list[BatchRequest],
+    progress: ProgressCallback | None = None,
+    api_key: str | None = None,
+) -> BatchResult:
+    with CpuClient(url, api_key, timeout_s=120.0) as client, ResponseCache(cache_path) as cache:
+        return BatchRunner(client, cache, config, seed=0).run(requests, progress)
+
+
+def settings_with_cpu_lane(settings: Settings, **changes: Any) -> Settings:
+    lane = settings.lanes.cpu_lane.model_copy(update=changes)
+    return dataclasses.replace(settings, lanes=settings.lanes.model_copy(update={"cpu_lane": lane}))
+
+
+@contextmanager
+def private_cpu_server(settings: Settings, start: bool = True) -> Iterator[EmbeddedServer]:
+    """A server of our own on a free port, never published, always stopped (for kill/restart, API key,
+    loading): the session server stays untouched for the other tests."""
+    server = build_server(settings, "cpu", port=0, publish=False)
+    try:
+        yield server.start() if start else server
+    finally:
+        server.stop()
+
+
+class MetricsSampler:
+    """Polls /metrics in the background during a batch: the server's own view of in-flight requests."""
+
+    def __init__(self, url: str, interval_s: float = 0.05) -> None:
+        self.url, self.interval_s = url, interval_s
+        self.max_processing = 0.0
+        self.max_deferred = 0.0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        with CpuClient(self.url, timeout_s=10.0) as client:
+            while not self._stop.is_set():
+                counters = client.counters()
+                self.max_processing = max(self.max_processing, counters.requests_running)
+                self.max_deferred = max(self.max_deferred, counters.requests_waiting or 0.0)
+                self.samples += 1
+                self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> MetricsSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def first_done(count: int, action: Callable[[], None]) -> ProgressCallback:
+    """A progress callback that runs `action` once, when `count` items are done."""
+    fired = threading.Event()
+
+    def callback(progress: Any) -> None:
+        if progress.done >= count and not fired.is_set():
+            fired.set()
+            action()
+
+    return callback

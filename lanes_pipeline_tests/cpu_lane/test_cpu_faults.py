@@ -1,0 +1,125 @@
+"""CPU-lane faults, each on a private real llama-server: killed mid-batch and restarted, still loading,
+and guarded by an API key the client gets wrong. No fake servers: the real one produces all of these."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.client import CpuClient, LaneAuthError
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.errors import LaneError
+from lanes_pipeline.settings import Settings
+from lanes_pipeline_tests.cpu_lane.fixtures import (
+    batch_config,
+    first_done,
+    private_cpu_server,
+    questions,
+    run_batch,
+    settings_with_cpu_lane,
+)
+
+pytestmark = pytest.mark.cpu_lane
+
+ITEMS = 8
+
+
+def test_kill_mid_batch_loses_nothing_and_the_rerun_asks_only_the_missing(
+    settings: Settings, tmp_path: Path
+) -> None:
+    requests = questions(ITEMS, max_tokens=8, offset=100)
+    # Few, quick retries: against a dead server each remaining item fails fast, as it would after a crash.
+    config = batch_config(settings, max_attempts=2, backoff_base_s=0.05, backoff_max_s=0.1)
+    cache_path = tmp_path / "resume.sqlite3"
+    with private_cpu_server(settings) as server:
+        crashed = run_batch(server.url, cache_path, config, requests, progress=first_done(3, server.kill))
+        assert server.process is None  # it really was killed mid-batch
+
+        ok_before = [r for r in crashed.results if r.status == "ok"]
+        failed_before = [r for r in crashed.results if r.status == "failed"]
+        assert len(ok_before) >= 3 and failed_before, "the kill must land mid-batch"
+        assert {r.failure.kind for r in failed_before if r.failure} <= {"unreachable", "server_error"}
+        # Each failed item names itself and was retried (connection refused) before it was given up.
+        assert all(
+            r.failure and r.id in r.failure.reason and "after 2 attempts" in r.failure.reason
+            for r in failed_before
+        )
+        # Everything answered before the kill is committed: a fresh connection reads it all back.
+        with ResponseCache(cache_path) as cache:
+            committed = cache.get_many([r.key for r in crashed.results])
+            assert set(committed) == {r.key for r in ok_before}
+            assert all(committed[r.key].text == r.text for r in ok_before)
+            assert {f.item_id for f in cache.failures()} == {r.id for r in failed_before}
+
+        server.start()  # same port, same weights: same fingerprint
+        with CpuClient(server.url) as client:
+            before = client.counters()
+            resumed = run_batch(server.url, cache_path, config, requests)
+            asked_prompt, asked_generated = client.counters().tokens_since(before)
+        summary = resumed.summary
+        assert summary.failed == 0, [r.failure for r in resumed.results]
+        assert summary.cache_hits == len(ok_before)
+        assert summary.answered == summary.requests_sent == len(failed_before)
+        assert {r.id for r in resumed.results if not r.from_cache} == {r.id for r in failed_before}
+        # The server's own counters: it generated exactly the answers of the missing items, nothing more.
+        assert asked_generated == summary.completion_tokens and asked_prompt > 0
+
+        clean = run_batch(server.url, tmp_path / "clean.sqlite3", config, requests)
+    assert clean.summary.cache_hits == 0 and clean.summary.failed == 0
+    assert [(r.id, r.text) for r in resumed.results] == [(r.id, r.text) for r in clean.results]
+
+
+def test_a_server_still_loading_is_waited_for(settings: Settings, tmp_path: Path) -> None:
+    with private_cpu_server(settings, start=False) as server:
+        # start() launches the process and blocks until ready; run it beside the client, which starts asking
+        # at once, while the process binds its port and loads the model (503 "Loading model").
+        starter = threading.Thread(target=server.start)
+        starter.start()
+        try:
+            with CpuClient(server.url) as client:
+                report = client.wait_ready(timeout_s=120, poll_s=0.02)
+                result = run_batch(server.url, tmp_path / "c.sqlite3", batch_config(settings), questions(1))
+        finally:
+            starter.join()
+    assert report.loading_answers >= 1, report
+    assert result.results[0].status == "ok"
+
+
+def test_a_server_that_stays_loading_is_a_bounded_wait(settings: Settings) -> None:
+    with private_cpu_server(settings, start=False) as server:
+        starter = threading.Thread(target=server.start)
+        starter.start()
+        try:
+            with (
+                CpuClient(server.url) as client,
+                pytest.raises(LaneError, match=r"not ready after|unreachable"),
+            ):
+                client.wait_ready(timeout_s=0.01, poll_s=0.01, connect_grace_s=0.01)
+        finally:
+            starter.join()
+
+
+def test_a_wrong_api_key_is_a_clear_error(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LANES_TEST_CPU_KEY", "right-key")
+    monkeypatch.setenv("LANES_TEST_WRONG_KEY", "wrong-key")
+    keyed = settings_with_cpu_lane(settings, api_key_env="LANES_TEST_CPU_KEY")
+    config = batch_config(settings)
+    with private_cpu_server(keyed) as server:
+        with pytest.raises(LaneAuthError) as error:
+            run_batch(server.url, tmp_path / "c.sqlite3", config, questions(2), api_key="wrong-key")
+        assert error.value.status_code == 401
+        assert "refused the API key" in str(error.value) and "cpu_lane.api_key_env" in str(error.value)
+        with pytest.raises(LaneAuthError):  # no key at all
+            run_batch(server.url, tmp_path / "c.sqlite3", config, questions(1))
+        resource = CpuLaneResource(
+            base_url=server.url, api_key_env="LANES_TEST_WRONG_KEY", cache_path=str(tmp_path / "r.sqlite3")
+        )
+        with pytest.raises(LaneAuthError, match="refused the API key"):
+            resource.run_batch(questions(1))
+        ok = run_batch(server.url, tmp_path / "c.sqlite3", config, questions(1), api_key="right-key")
+    assert ok.results[0].status == "ok"

