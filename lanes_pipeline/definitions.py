@@ -1,16 +1,21 @@
-"""Assembles the code location: resources, assets, checks, jobs, schedules, sensors. Nothing else."""
+"""Assembles the code location: resources, assets, checks, jobs, schedules, sensors. Nothing else.
+
+Nothing is read at import: Dagster calls `defs()` when it loads the code location (`@definitions`), and the
+daily partitions, the schedule and the resources are built then from the configs.
+"""
 
 from __future__ import annotations
 
-from dagster import Definitions, load_assets_from_modules
+from dagster import AssetsDefinition, Definitions, definitions, load_assets_from_modules
 
 from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import tests as testgen
-from lanes_pipeline.cpu_lane.checks import CHECKS
+from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.daily import lane_probes
 from lanes_pipeline.daily.jobs import JOBS
+from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.daily.schedules import daily_schedule
 from lanes_pipeline.gpu_lane import assets as gpu_lane
@@ -18,13 +23,20 @@ from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneRe
 from lanes_pipeline.gpu_lane.sensors import SENSORS
 from lanes_pipeline.settings import Settings, load_settings
 
+# The lane assets, one partition per day; the lane probes are not partitioned (they run in every run).
+DAILY_MODULES = [snapshot, analysis, testgen, refactor, lora_dataset, gpu_lane]
+
+
+def daily_assets(settings: Settings) -> dict[str, AssetsDefinition]:
+    """Every daily lane asset by name, on the configured partitions (tests materialize them directly)."""
+    assets = partitioned_daily(load_assets_from_modules(DAILY_MODULES), daily_partitions(settings))  # type: ignore[arg-type]
+    return {asset.key.to_user_string(): asset for asset in assets}
+
 
 def build_definitions(settings: Settings) -> Definitions:
     return Definitions(
-        assets=load_assets_from_modules(
-            [lane_probes, snapshot, analysis, testgen, refactor, lora_dataset, gpu_lane]
-        ),
-        asset_checks=CHECKS,
+        assets=[*load_assets_from_modules([lane_probes]), *daily_assets(settings).values()],
+        asset_checks=build_checks(daily_partitions(settings)),
         jobs=JOBS,
         schedules=[daily_schedule(settings)],
         sensors=SENSORS,
@@ -43,4 +55,6 @@ def build_definitions(settings: Settings) -> Definitions:
     )
 
 
-defs = build_definitions(load_settings())
+@definitions
+def defs() -> Definitions:
+    return build_definitions(load_settings())

@@ -38,8 +38,9 @@ def submit_backfill(days: list[str], title: str) -> str:
     from lanes_pipeline import definitions  # read at call time: tests swap in their own definitions
 
     instance = DagsterInstance.get()
-    graph = definitions.defs.get_repository_def().asset_graph
-    job = definitions.defs.resolve_job_def(DAILY_JOB)
+    defs = definitions.defs()
+    graph = defs.get_repository_def().asset_graph
+    job = defs.resolve_job_def(DAILY_JOB)
     daily = [
         key
         for key in graph.toposorted_asset_keys

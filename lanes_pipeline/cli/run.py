@@ -128,8 +128,9 @@ def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[s
     from lanes_pipeline import definitions  # read at call time: tests swap in their own definitions
 
     instance = DagsterInstance.get()
-    job = definitions.defs.resolve_job_def(DAILY_JOB)
-    graph = definitions.defs.get_repository_def().asset_graph
+    defs = definitions.defs()
+    job = defs.resolve_job_def(DAILY_JOB)
+    graph = defs.get_repository_def().asset_graph
     selected = job.asset_layer.executable_asset_keys
     keys = [key for key in graph.toposorted_asset_keys if key in selected]  # pipeline order
     unpartitioned = [k for k in keys if graph.get(k).partitions_def is None]

@@ -9,12 +9,16 @@
 """
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
-from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, asset_check
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    PartitionsDefinition,
+    asset_check,
+)
 
-from lanes_pipeline.cpu_lane.assets.analysis import repo_analysis
-from lanes_pipeline.cpu_lane.assets.dataset import lora_dataset
 from lanes_pipeline.cpu_lane.safety import injection_markers, secret_findings
-from lanes_pipeline.daily.partitions import DAILY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 
 
@@ -26,62 +30,69 @@ def _rows(artifact_store: ArtifactStoreResource, day: str) -> dict[str, list[dic
     return {split: list(dataset[split]) for split in dataset}
 
 
-@asset_check(asset=lora_dataset, partitions_def=DAILY, description="The day's LoRA dataset has rows.")
-def lora_dataset_has_rows(
-    context: AssetCheckExecutionContext, artifact_store: ArtifactStoreResource
-) -> AssetCheckResult:
-    rows = _rows(artifact_store, context.partition_key)
-    counts = {split: len(items) for split, items in rows.items()}
-    return AssetCheckResult(
-        passed=sum(counts.values()) > 0,
-        severity=AssetCheckSeverity.WARN,
-        metadata={f"{split}_rows": n for split, n in counts.items()},
+def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition]:
+    """The checks, on the daily partitions that the definitions build from the configs at load time."""
+
+    @asset_check(
+        asset="lora_dataset", partitions_def=partitions, description="The day's LoRA dataset has rows."
     )
+    def lora_dataset_has_rows(
+        context: AssetCheckExecutionContext, artifact_store: ArtifactStoreResource
+    ) -> AssetCheckResult:
+        rows = _rows(artifact_store, context.partition_key)
+        counts = {split: len(items) for split, items in rows.items()}
+        return AssetCheckResult(
+            passed=sum(counts.values()) > 0,
+            severity=AssetCheckSeverity.WARN,
+            metadata={f"{split}_rows": n for split, n in counts.items()},
+        )
 
-
-@asset_check(
-    asset=lora_dataset,
-    partitions_def=DAILY,
-    blocking=True,
-    description="No row of the day's LoRA dataset holds a secret or prompt-injection text.",
-)
-def lora_dataset_has_no_secrets(
-    context: AssetCheckExecutionContext, artifact_store: ArtifactStoreResource
-) -> AssetCheckResult:
-    findings = []
-    for split, rows in _rows(artifact_store, context.partition_key).items():
-        for row in rows:
-            text = "\n".join(m["content"] for m in row["messages"])
-            found = secret_findings(text) + [f"injection: {m}" for m in injection_markers(text)]
-            if found:
-                findings.append(f"{split} {row['content_hash'][:12]}: {', '.join(found)}")
-    return AssetCheckResult(
-        passed=not findings,
-        severity=AssetCheckSeverity.ERROR,
-        metadata={"rows_with_findings": len(findings), "findings": "\n".join(findings[:20])},
+    @asset_check(
+        asset="lora_dataset",
+        partitions_def=partitions,
+        blocking=True,
+        description="No row of the day's LoRA dataset holds a secret or prompt-injection text.",
     )
+    def lora_dataset_has_no_secrets(
+        context: AssetCheckExecutionContext, artifact_store: ArtifactStoreResource
+    ) -> AssetCheckResult:
+        findings = []
+        for split, rows in _rows(artifact_store, context.partition_key).items():
+            for row in rows:
+                text = "\n".join(m["content"] for m in row["messages"])
+                found = secret_findings(text) + [f"injection: {m}" for m in injection_markers(text)]
+                if found:
+                    findings.append(f"{split} {row['content_hash'][:12]}: {', '.join(found)}")
+        return AssetCheckResult(
+            passed=not findings,
+            severity=AssetCheckSeverity.ERROR,
+            metadata={"rows_with_findings": len(findings), "findings": "\n".join(findings[:20])},
+        )
 
-
-@asset_check(
-    asset=repo_analysis,
-    partitions_def=DAILY,
-    description="The share of analyses the model could not answer in the schema is under the threshold.",
-)
-def repo_analysis_parse_rate(
-    context: AssetCheckExecutionContext,
-    artifact_store: ArtifactStoreResource,
-    pipeline_settings: PipelineSettingsResource,
-) -> AssetCheckResult:
-    threshold = pipeline_settings.load().pipeline.cpu_assets.max_unparseable_ratio
-    repos = artifact_store.store().read_json("repo_analysis", context.partition_key, "results.json")
-    statuses = [item["status"] for repo in repos for item in repo["files"]]
-    unparseable = statuses.count("unparseable")
-    ratio = unparseable / len(statuses) if statuses else 0.0
-    return AssetCheckResult(
-        passed=ratio <= threshold,
-        severity=AssetCheckSeverity.ERROR,
-        metadata={"files": len(statuses), "unparseable": unparseable, "ratio": ratio, "threshold": threshold},
+    @asset_check(
+        asset="repo_analysis",
+        partitions_def=partitions,
+        description="The share of analyses the model could not answer in the schema is under the threshold.",
     )
+    def repo_analysis_parse_rate(
+        context: AssetCheckExecutionContext,
+        artifact_store: ArtifactStoreResource,
+        pipeline_settings: PipelineSettingsResource,
+    ) -> AssetCheckResult:
+        threshold = pipeline_settings.load().pipeline.cpu_assets.max_unparseable_ratio
+        repos = artifact_store.store().read_json("repo_analysis", context.partition_key, "results.json")
+        statuses = [item["status"] for repo in repos for item in repo["files"]]
+        unparseable = statuses.count("unparseable")
+        ratio = unparseable / len(statuses) if statuses else 0.0
+        return AssetCheckResult(
+            passed=ratio <= threshold,
+            severity=AssetCheckSeverity.ERROR,
+            metadata={
+                "files": len(statuses),
+                "unparseable": unparseable,
+                "ratio": ratio,
+                "threshold": threshold,
+            },
+        )
 
-
-CHECKS = [lora_dataset_has_rows, lora_dataset_has_no_secrets, repo_analysis_parse_rate]
+    return [lora_dataset_has_rows, lora_dataset_has_no_secrets, repo_analysis_parse_rate]

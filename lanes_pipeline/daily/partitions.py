@@ -1,10 +1,16 @@
-"""The daily partitions every pipeline asset shares, from `configs/pipeline.yaml`."""
+"""The daily partitions every pipeline asset shares, from `configs/pipeline.yaml`.
+
+Built when the definitions load (`definitions.py`), never at import: a test or a second deployment with
+another config folder gets its own start date and time zone.
+"""
 
 from __future__ import annotations
 
-from dagster import DailyPartitionsDefinition
+from collections.abc import Sequence
 
-from lanes_pipeline.settings import Settings, load_settings
+from dagster import AssetsDefinition, DailyPartitionsDefinition, map_asset_specs
+
+from lanes_pipeline.settings import Settings
 
 
 def daily_partitions(settings: Settings) -> DailyPartitionsDefinition:
@@ -14,4 +20,9 @@ def daily_partitions(settings: Settings) -> DailyPartitionsDefinition:
     )
 
 
-DAILY = daily_partitions(load_settings())
+def partitioned_daily(
+    assets: Sequence[AssetsDefinition], partitions: DailyPartitionsDefinition
+) -> list[AssetsDefinition]:
+    """The lane assets are declared without partitions (their modules read no settings at import) and get
+    the configured daily partitions here."""
+    return list(map_asset_specs(lambda spec: spec.replace_attributes(partitions_def=partitions), assets))

@@ -8,9 +8,6 @@ was off are filled by a backfill (README, "Daily use").
 # No `from __future__ import annotations` here: a module that defines Dagster schedules keeps its
 # annotations real, like the asset modules.
 from dagster import DefaultScheduleStatus, build_schedule_from_partitioned_job
-from dagster._core.definitions.partitions.partitioned_schedule import (
-    UnresolvedPartitionedAssetScheduleDefinition,
-)
 
 from lanes_pipeline.daily.jobs import daily_lanes_job
 from lanes_pipeline.settings import Settings
@@ -18,7 +15,8 @@ from lanes_pipeline.settings import Settings
 DAILY_SCHEDULE = "daily_lanes_schedule"
 
 
-def daily_schedule(settings: Settings) -> UnresolvedPartitionedAssetScheduleDefinition:
+# The return type is Dagster's unresolved schedule of an asset job, which its public API does not export.
+def daily_schedule(settings: Settings):
     pipeline = settings.pipeline
     status = DefaultScheduleStatus.RUNNING if pipeline.schedule_enabled else DefaultScheduleStatus.STOPPED
     # A daily partitioned job: each tick targets the latest *completed* day, i.e. yesterday.
@@ -34,5 +32,4 @@ def daily_schedule(settings: Settings) -> UnresolvedPartitionedAssetScheduleDefi
         ),
     )
     # An asset job takes its partitions from its assets: the schedule resolves with the code location.
-    assert isinstance(schedule, UnresolvedPartitionedAssetScheduleDefinition)
     return schedule

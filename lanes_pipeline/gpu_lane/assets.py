@@ -22,7 +22,6 @@ from dagster import (
     asset,
 )
 
-from lanes_pipeline.daily.partitions import DAILY
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource
 from lanes_pipeline.gpu_lane.adapters import (
@@ -123,7 +122,6 @@ def _training_metadata(version: Version, summary: TrainSummary, reused: bool) ->
 
 
 @asset(
-    partitions_def=DAILY,
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
@@ -305,7 +303,6 @@ def _measure(
 
 
 @asset(
-    partitions_def=DAILY,
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
@@ -373,7 +370,6 @@ def adapter_evaluation(
 
 
 @asset(
-    partitions_def=DAILY,
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,

@@ -163,7 +163,7 @@ def test_lanes_run_prints_answer_and_speed_of_each_real_lane(
     project = daily_project(tmp_path, settings, cpu_server.url, gpu_server.url, seed_earlier_day=False)
     for name, value in project.env().items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr("lanes_pipeline.definitions.defs", build_definitions(load_settings()))
+    monkeypatch.setattr("lanes_pipeline.definitions.defs", lambda: build_definitions(load_settings()))
     result = CliRunner().invoke(main, ["run", "--date", "2026-11-20"])
     assert result.exit_code == 0, result.output
     assert f"[CPU lane] smollm2 @ {cpu_server.url}" in result.output

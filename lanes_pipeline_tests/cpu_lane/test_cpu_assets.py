@@ -29,13 +29,14 @@ from dagster import AssetKey, DagsterInstance, load_assets_from_modules, materia
 from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import tests as testgen
-from lanes_pipeline.cpu_lane.checks import CHECKS
+from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.prometheus import MetricsSnapshot
-from lanes_pipeline.settings import Settings
+from lanes_pipeline.settings import Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
 
 # 5 runs of the whole chain, about six CPU-lane requests (plus repairs): a few minutes on two idle cores.
@@ -190,7 +191,13 @@ class Pipeline:
             "artifact_store": ArtifactStoreResource(root=str(self.store.root)),
             "pipeline_settings": PipelineSettingsResource(config_dir=str(config_dir)),
         }
-        self.assets = load_assets_from_modules([snapshot, analysis, testgen, refactor, lora_dataset])
+        settings = load_settings(config_dir)
+        partitions = daily_partitions(settings)
+        self.assets = partitioned_daily(
+            load_assets_from_modules([snapshot, analysis, testgen, refactor, lora_dataset]),
+            partitions,  # type: ignore[arg-type]
+        )
+        self.checks = build_checks(partitions)
         self.instance = DagsterInstance.ephemeral()
 
     def server_tokens(self) -> tuple[float, float]:
@@ -202,7 +209,7 @@ class Pipeline:
 
     def run(self, day: str) -> DayRun:
         result = materialize(
-            [*self.assets, *CHECKS], resources=self.resources, partition_key=day, instance=self.instance
+            [*self.assets, *self.checks], resources=self.resources, partition_key=day, instance=self.instance
         )
         assert result.success
         metadata = {
@@ -319,13 +326,13 @@ def test_dataset_holds_only_accepted_and_clean_rows(runs: dict[str, Any]) -> Non
 
 
 def test_cpu_lane_assets_are_registered_daily_with_their_pool_and_checks() -> None:
-    from lanes_pipeline.daily.partitions import DAILY
     from lanes_pipeline.definitions import defs
 
-    graph = defs.get_repository_def().asset_graph
+    graph = defs().get_repository_def().asset_graph
+    daily = daily_partitions(load_settings())
     for name in ASSETS:
         node = graph.get(AssetKey(name))
-        assert node.partitions_def == DAILY and node.group_name == "cpu_lane", name
+        assert node.partitions_def == daily and node.group_name == "cpu_lane", name
     pools = {name: graph.get(AssetKey(name)).pools for name in ASSETS}
     assert pools == {
         "repo_snapshot": set(),

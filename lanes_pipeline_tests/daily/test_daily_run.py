@@ -41,7 +41,7 @@ def test_make_run_is_the_whole_day_and_a_rerun_asks_nothing(
     project = daily_project(tmp_path_factory.mktemp("daily-run"), settings, cpu_server.url, gpu_server.url)
     for name, value in project.env().items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr("lanes_pipeline.definitions.defs", build_definitions(load_settings()))
+    monkeypatch.setattr("lanes_pipeline.definitions.defs", lambda: build_definitions(load_settings()))
 
     first = CliRunner().invoke(main, ["run", "--date", DAY])
     assert first.exit_code == 0, first.output

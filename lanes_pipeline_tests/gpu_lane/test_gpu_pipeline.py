@@ -21,16 +21,22 @@ from dagster import DagsterInstance, build_sensor_context, materialize
 from lanes_pipeline.cli.adapters import adapters as adapters_cli
 from lanes_pipeline.daily.jobs import rollback_adapter_job
 from lanes_pipeline.daily.resources import ArtifactStoreResource
+from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
-from lanes_pipeline.gpu_lane.assets import adapter_evaluation, lora_adapter, served_adapter
 from lanes_pipeline.gpu_lane.client import RUNTIME_LORA_ENV, RuntimeLoraDisabledError, VllmClient
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.gpu_lane.sensors import gpu_lane_adapters_sensor
 from lanes_pipeline.http import ChatMessage, ChatRequest
-from lanes_pipeline.settings import Settings
+from lanes_pipeline.settings import Settings, load_settings
 from lanes_pipeline_tests.gpu_lane.fixtures import CODENAME, PROBE_QUESTION, SYSTEM, write_codename_day
+
+# The GPU-lane assets on the shipped configs' daily partitions (the definitions build them at load time).
+_DAILY = daily_assets(load_settings())
+lora_adapter, adapter_evaluation, served_adapter = (
+    _DAILY[name] for name in ("lora_adapter", "adapter_evaluation", "served_adapter")
+)
 
 pytestmark = pytest.mark.gpu_lane
 DAY = "2026-11-05"

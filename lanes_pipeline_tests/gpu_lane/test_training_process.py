@@ -19,16 +19,22 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from lanes_pipeline.daily.resources import ArtifactStoreResource
+from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
-from lanes_pipeline.gpu_lane.assets import adapter_evaluation, lora_adapter, served_adapter
 from lanes_pipeline.gpu_lane.client import VllmClient, asleep
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.gpu_lane.training.runner import start_trainer, stop
 from lanes_pipeline.gpu_lane.training.spec import TrainSpec
 from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK, remove_stale_partials
 from lanes_pipeline.gpu_lane.training_window import partition_dir, save_dataset
-from lanes_pipeline.settings import Settings
+from lanes_pipeline.settings import Settings, load_settings
 from lanes_pipeline_tests.gpu_lane.fixtures import write_codename_day
+
+# The GPU-lane assets on the shipped configs' daily partitions (the definitions build them at load time).
+_DAILY = daily_assets(load_settings())
+lora_adapter, adapter_evaluation, served_adapter = (
+    _DAILY[name] for name in ("lora_adapter", "adapter_evaluation", "served_adapter")
+)
 
 DAY = date(2026, 11, 5)
 

@@ -21,7 +21,6 @@ from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.batch import ItemResult
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.tasks import ANALYSIS, TASKS_VERSION, FileAnalysis, analysis_problem, file_prompt
-from lanes_pipeline.daily.partitions import DAILY
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
@@ -59,7 +58,6 @@ def render_report(repos: list[dict[str, Any]]) -> str:
 
 
 @asset(
-    partitions_def=DAILY,
     group_name="cpu_lane",
     pool="cpu_lane",
     retry_policy=LANE_RETRY,

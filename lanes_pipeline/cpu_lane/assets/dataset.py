@@ -21,7 +21,6 @@ from lanes_pipeline.cpu_lane.assets.common import (
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, load_token_counter, save_dataset, shape
 from lanes_pipeline.cpu_lane.repos import read_blobs
-from lanes_pipeline.daily.partitions import DAILY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.engines import embedded_hf_model
 from lanes_pipeline.gpu_lane import training_window as dataset_window
@@ -100,7 +99,6 @@ def _no_tokens(messages: list[dict[str, str]]) -> int:
 
 
 @asset(
-    partitions_def=DAILY,
     group_name="cpu_lane",
     deps=[refactor_proposals],
     description="Chat-format LoRA dataset of the day's accepted results (train/eval) and the replay window.",

@@ -26,7 +26,6 @@ from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation
 from lanes_pipeline.cpu_lane.tasks import REFACTOR_DIFF, TASKS_VERSION, file_prompt, parse_diff
 from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff
-from lanes_pipeline.daily.partitions import DAILY
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
@@ -34,7 +33,6 @@ from lanes_pipeline.store import canonical_json, sha256_bytes
 
 
 @asset(
-    partitions_def=DAILY,
     group_name="cpu_lane",
     pool="cpu_lane",
     retry_policy=LANE_RETRY,

@@ -9,13 +9,11 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, ass
 
 from lanes_pipeline.cpu_lane.assets.common import md_table, repo_location, write_partition
 from lanes_pipeline.cpu_lane.repos import SelectionRules, take_snapshot
-from lanes_pipeline.daily.partitions import DAILY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
 
 
 @asset(
-    partitions_def=DAILY,
     group_name="cpu_lane",
     description="Each repository at the end of the day: commit, inventory, changes, left-out files, map.",
 )

@@ -33,7 +33,6 @@ from lanes_pipeline.cpu_lane.tasks import (
     test_module_name,
 )
 from lanes_pipeline.cpu_lane.verification import judge_generated_test
-from lanes_pipeline.daily.partitions import DAILY
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
@@ -57,7 +56,6 @@ def test_notes(analysis_repo: dict[str, Any] | None, path: str) -> str:
 
 
 @asset(
-    partitions_def=DAILY,
     group_name="cpu_lane",
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
