@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from lanes_pipeline.definitions import defs
+from lanes_pipeline.definitions import defs as load_defs
 from lanes_pipeline.settings import project_root
 
 
@@ -25,7 +25,7 @@ def test_dagster_definitions_validate_passes() -> None:
 
 
 def test_assets_and_resources_resolve() -> None:
-    repository = defs.get_repository_def()
+    repository = load_defs().get_repository_def()
     keys = {key.to_user_string() for key in repository.asset_graph.get_all_asset_keys()}
     assert {"cpu_lane_probe", "gpu_lane_probe"} <= keys
-    assert {"cpu_lane", "gpu_lane", "artifact_store"} <= set(defs.resources or {})
+    assert {"cpu_lane", "gpu_lane", "artifact_store"} <= set(load_defs().resources or {})

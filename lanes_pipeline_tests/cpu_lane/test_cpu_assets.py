@@ -326,9 +326,10 @@ def test_dataset_holds_only_accepted_and_clean_rows(runs: dict[str, Any]) -> Non
 
 
 def test_cpu_lane_assets_are_registered_daily_with_their_pool_and_checks() -> None:
-    from lanes_pipeline.definitions import defs
+    from lanes_pipeline.definitions import defs as load_defs
 
-    graph = defs().get_repository_def().asset_graph
+    defs = load_defs()
+    graph = defs.get_repository_def().asset_graph
     daily = daily_partitions(load_settings())
     for name in ASSETS:
         node = graph.get(AssetKey(name))

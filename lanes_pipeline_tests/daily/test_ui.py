@@ -23,7 +23,7 @@ import pytest
 from dagster import AssetKey
 from websockets.sync.client import connect
 
-from lanes_pipeline.definitions import defs
+from lanes_pipeline.definitions import defs as load_defs
 from lanes_pipeline.settings import project_root
 from lanes_pipeline_tests import browser
 from lanes_pipeline_tests.browser import HEADLESS_FLAGS, ensure_chromium
@@ -139,7 +139,7 @@ def test_webserver_loads_the_code_location_with_its_job_and_schedule(webserver: 
 
 def test_graphql_lists_our_assets_with_groups_and_daily_partitions(webserver: Webserver) -> None:
     nodes = {"/".join(n["assetKey"]["path"]): n for n in webserver.graphql(ASSETS_QUERY)["assetNodes"]}
-    graph = defs.get_repository_def().asset_graph
+    graph = load_defs().get_repository_def().asset_graph
     ours = {key.to_user_string() for key in graph.materializable_asset_keys}
     assert ours <= set(nodes)
     assert {nodes[name]["groupName"] for name in ours} == GROUPS  # grouped by lane
