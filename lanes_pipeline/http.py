@@ -1,17 +1,35 @@
 """The OpenAI-compatible wire format both lanes speak, as pydantic models, and a small typed client.
 
 llama-server / ik_llama.cpp and vLLM both answer `/v1/chat/completions`; each lane's own client
-(`cpu.py`, `gpu.py`) builds on `OpenAIClient` for what only its server has.
+(`cpu_lane/client.py`, `gpu_lane/client.py`) builds on `OpenAIClient` for what only its server has.
+
+`OpenAIClient.request` retries what a second try can fix (transport errors, timeouts, 408, 429, 5xx) with
+exponential backoff and jitter, honouring a 429/503's `Retry-After`; it never retries another 4xx. Each
+client counts what it sent (`stats`), so "a re-run asks the server nothing" stays provable.
 """
 
 from __future__ import annotations
 
+import email.utils
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanes_pipeline.errors import LaneError, LaneUnreachableError
+from lanes_pipeline.errors import (
+    LaneConnectionError,
+    LaneStatusError,
+    LaneTimeoutError,
+    is_retryable_status,
+    status_error,
+)
+from lanes_pipeline.settings import RetryPolicy
 
 
 class WireModel(BaseModel):
@@ -95,8 +113,77 @@ class ModelList(WireModel):
     data: list[ModelCard]
 
 
+def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
+    """Exponential backoff with jitter before retry number `attempt` (1-based): a random point in the
+    upper half of min(cap, base * 2^(attempt-1)), so retries of many requests spread out but still wait."""
+    ceiling = min(cap_s, base_s * 2 ** (attempt - 1))
+    return ceiling / 2 + rng.random() * ceiling / 2
+
+
+def retry_after_s(value: str | None, now: datetime | None = None) -> float | None:
+    """A `Retry-After` header in seconds: delta-seconds or an HTTP date (RFC 9110); None if absent or bad."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+@dataclass
+class ClientStats:
+    """What one client sent: every HTTP attempt, retries included, and how many were chat completions."""
+
+    requests_sent: int = 0
+    retries: int = 0
+    chat_requests_sent: int = 0
+    waited_s: float = 0.0  # total backoff sleep
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, path: str, retry: bool) -> None:
+        with self._lock:
+            self.requests_sent += 1
+            self.retries += retry
+            self.chat_requests_sent += path == CHAT_PATH
+
+    def slept(self, seconds: float) -> None:
+        with self._lock:
+            self.waited_s += seconds
+
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A response and what it took: attempts made, and the wall time of the attempt that answered."""
+
+    response: httpx.Response
+    attempts: int
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class ChatOutcome:
+    response: ChatResponse
+    attempts: int
+    latency_s: float
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
 class OpenAIClient:
-    """A lane's HTTP client: one httpx.Client, the API-key header, and errors that name the lane and URL."""
+    """A lane's HTTP client: one httpx.Client, the API-key header, bounded retries, and typed errors that
+    name the lane, the method and the URL."""
 
     def __init__(
         self,
@@ -105,8 +192,16 @@ class OpenAIClient:
         api_key: str | None = None,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
+        retry: RetryPolicy | None = None,
+        seed: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """`retry`: the lane's policy (its config model is one); None takes RetryPolicy's defaults.
+        `seed` makes the jitter reproducible; `sleep` is what waits between attempts."""
         self.lane, self.base_url = lane, base_url.rstrip("/")
+        self.retry = retry.retry_policy() if retry is not None else RetryPolicy()
+        self.stats = ClientStats()
+        self._rng, self._rng_lock, self._sleep = random.Random(seed), threading.Lock(), sleep
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(
             base_url=self.base_url,
@@ -123,31 +218,72 @@ class OpenAIClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            return self.http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise LaneUnreachableError(
-                self.lane, self.base_url, f"{method} {self.base_url}{path}", f"{type(exc).__name__}: {exc}"
-            ) from exc
+    def request(self, method: str, path: str, *, retries: bool = True, **kwargs: Any) -> httpx.Response:
+        """One request, retried per the policy (`retries=False`: one attempt, for polls that are their own
+        retry). Returns the last response whatever its status (callers read 404/501/503 themselves; use
+        `expect_ok` for typed errors); raises LaneConnectionError / LaneTimeoutError when nothing answered."""
+        return self.send(method, path, retries=retries, **kwargs).response
+
+    def send(self, method: str, path: str, *, retries: bool = True, **kwargs: Any) -> Sent:
+        attempts = self.retry.max_attempts if retries else 1
+        for attempt in range(1, attempts + 1):
+            self.stats.count(path, retry=attempt > 1)
+            started = time.perf_counter()
+            try:
+                response = self.http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if attempt == attempts:
+                    error = (
+                        LaneTimeoutError if isinstance(exc, httpx.TimeoutException) else LaneConnectionError
+                    )
+                    cause = f"{type(exc).__name__}: {exc}"
+                    raise error(self.lane, self.base_url, method, path, cause, attempt) from exc
+                self._wait(attempt, None)
+                continue
+            if is_retryable_status(response.status_code) and attempt < attempts:
+                self._wait(attempt, response.headers.get("retry-after"))
+                continue
+            response.extensions["lanes_attempts"] = attempt
+            return Sent(response, attempt, time.perf_counter() - started)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _wait(self, attempt: int, retry_after: str | None) -> None:
+        """Sleep before retry `attempt`: the server's Retry-After (capped), else backoff with jitter."""
+        told = retry_after_s(retry_after)
+        if told is not None:
+            delay = min(told, self.retry.backoff_max_s)
+        else:
+            with self._rng_lock:
+                delay = backoff_delay(attempt, self.retry.backoff_base_s, self.retry.backoff_max_s, self._rng)
+        self.stats.slept(delay)
+        self._sleep(delay)
 
     def expect_ok(self, response: httpx.Response) -> httpx.Response:
-        if response.status_code in (401, 403):
-            raise LaneError(
-                f"{self.lane} lane at {self.base_url} refused the API key "
-                f"({response.request.method} {response.request.url.path}: HTTP {response.status_code}); "
-                f"check {self.lane.lower()}_lane.api_key_env in configs/lanes.yaml"
-            )
-        if response.status_code >= 400:
-            raise LaneError(
-                f"{self.lane} lane at {self.base_url}: {response.request.method} {response.request.url.path} "
-                f"answered HTTP {response.status_code}: {response.text[:500]}"
-            )
-        return response
+        """The response, or its typed LaneStatusError (which names the lane, method, URL and attempts)."""
+        if response.status_code < 400:
+            return response
+        raise self.status_error(response)
+
+    def status_error(self, response: httpx.Response) -> LaneStatusError:
+        attempts = int(response.extensions.get("lanes_attempts", 1))
+        return status_error(
+            response.status_code,
+            self.lane,
+            self.base_url,
+            response.request.method,
+            response.request.url.path,
+            response.text,
+            attempts,
+        )
 
     def models(self) -> ModelList:
         return ModelList.model_validate(self.expect_ok(self.request("GET", "/v1/models")).json())
 
     def chat(self, request: ChatRequest) -> ChatResponse:
-        response = self.expect_ok(self.request("POST", "/v1/chat/completions", json=request.payload()))
-        return ChatResponse.model_validate(response.json())
+        return self.chat_outcome(request).response
+
+    def chat_outcome(self, request: ChatRequest) -> ChatOutcome:
+        """The answer, the attempts it took, and the latency of the attempt that answered."""
+        sent = self.send("POST", CHAT_PATH, json=request.payload())
+        response = ChatResponse.model_validate(self.expect_ok(sent.response).json())
+        return ChatOutcome(response, sent.attempts, sent.latency_s)

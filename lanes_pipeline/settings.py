@@ -43,8 +43,23 @@ Port = Annotated[int, Field(ge=0, le=65535, description="0 picks a free port at 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
 
-class LaneConnection(StrictModel):
-    """What both lanes share: where the server is and how to authenticate."""
+class RetryPolicy(StrictModel):
+    """How a lane's client retries a request: transport errors, timeouts, 408, 429 and 5xx, with exponential
+    backoff and jitter (a 429's Retry-After instead, capped at backoff_max_s). Other 4xx never."""
+
+    max_attempts: int = Field(
+        4, ge=1, le=20, description="tries per request (1 + retries) on transport errors, 408, 429, 5xx"
+    )
+    backoff_base_s: PositiveSeconds = 1.0
+    backoff_max_s: PositiveSeconds = 30.0
+
+    def retry_policy(self) -> RetryPolicy:
+        """Just the retry fields (a lane's config is a RetryPolicy with more fields)."""
+        return RetryPolicy.model_validate(self.model_dump(include=set(RetryPolicy.model_fields)))
+
+
+class LaneConnection(RetryPolicy):
+    """What both lanes share: where the server is, how to authenticate, and how requests are retried."""
 
     base_url: str = Field(EMBEDDED, description="'embedded' starts the bundled server; else its URL")
     api_key_env: str | None = Field(None, description="name of the env var that holds the API key")
@@ -88,9 +103,6 @@ class CpuLane(LaneConnection):
     overflow: Literal["error", "shrink"] = Field(
         "error", description="a prompt over the per-slot context: fail the item, or shrink its varying part"
     )
-    max_attempts: int = Field(4, ge=1, le=20, description="tries per request (1 + retries) on 5xx/timeouts")
-    backoff_base_s: PositiveSeconds = 1.0
-    backoff_max_s: PositiveSeconds = 30.0
     max_failure_ratio: float = Field(0.1, ge=0, le=1, description="failed items above this fail the asset")
     embedded: EmbeddedCpuServer = EmbeddedCpuServer()
 

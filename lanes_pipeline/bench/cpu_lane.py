@@ -24,7 +24,9 @@ from typing import Any
 import httpx
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchConfig, BatchRequest, BatchRunner, BatchSummary
+from lanes_pipeline.cpu_lane.batch import BatchRunner
+from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.batch_summary import BatchSummary
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server

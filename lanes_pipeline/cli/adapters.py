@@ -6,7 +6,7 @@ from datetime import date
 
 import click
 
-from lanes_pipeline.errors import LaneError
+from lanes_pipeline.errors import LaneError, ServingError
 from lanes_pipeline.gpu_lane.adapters import (
     IncompatibleAdapterError,
     UnknownVersionError,
@@ -14,7 +14,7 @@ from lanes_pipeline.gpu_lane.adapters import (
 )
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
-from lanes_pipeline.gpu_lane.serving import AdapterService, ServingError
+from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.settings import ConfigError, load_settings
 
 

@@ -23,7 +23,9 @@ import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from lanes_pipeline.cpu_lane.batch import BatchProgress, BatchRequest, BatchResult, ItemResult
+from lanes_pipeline.cpu_lane.batch import BatchResult
+from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.batch_summary import BatchProgress
 from lanes_pipeline.cpu_lane.prompts import ASK, SHORT_ANSWER, PromptLayout, TaskKind, task_kind
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.embedded.servers import running_lanes

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.client import VllmClient
+from lanes_pipeline.http import NO_RETRY
 from lanes_pipeline.prometheus import lane_counters
 
 # ---------------------------------------------------------------------------------------------------------
@@ -216,7 +217,7 @@ class GpuYieldGovernor:
             )
 
     def _run(self) -> None:
-        client = VllmClient(self.gpu_url, self.api_key, timeout_s=5.0, connect_timeout_s=2.0)
+        client = VllmClient(self.gpu_url, self.api_key, timeout_s=5.0, connect_timeout_s=2.0, retry=NO_RETRY)
         read = self._read or (lambda: gpu_running_requests(client))
         try:
             while not self._stop.is_set():
@@ -232,7 +233,9 @@ class GpuYieldGovernor:
         if self._read is not None:
             self.poll_once(self._read())
         else:
-            with VllmClient(self.gpu_url, self.api_key, timeout_s=5.0, connect_timeout_s=2.0) as client:
+            with VllmClient(
+                self.gpu_url, self.api_key, timeout_s=5.0, connect_timeout_s=2.0, retry=NO_RETRY
+            ) as client:
                 self.poll_once(gpu_running_requests(client))
         self._initial_cap = self.cap()
         self._thread = threading.Thread(target=self._run, name="gpu-yield-governor", daemon=True)

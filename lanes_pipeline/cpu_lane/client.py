@@ -16,13 +16,19 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, ConfigDict
 
 from lanes_pipeline.cpu_lane.answer_cache import WeightsIdentity
-from lanes_pipeline.errors import LaneError, LaneNotReadyError, LaneUnreachableError
+from lanes_pipeline.errors import (
+    LaneError,
+    LaneNotReadyError,
+    LaneUnreachableError,
+    PromptTooLongError,
+    status_error,
+)
 from lanes_pipeline.http import ChatMessage, ModelList, OpenAIClient, WireModel
 from lanes_pipeline.prometheus import LaneCounters, MetricsSnapshot, lane_counters
+from lanes_pipeline.settings import RetryPolicy
 
 LANE = "CPU"
 Overflow = Literal["error", "shrink"]
@@ -33,34 +39,6 @@ TRUNCATION_MARKER = "\n[... truncated]"
 TEMPLATE_TOKENS_PER_MESSAGE = 8
 # Tokenizing a cut text and re-rendering it can differ by a token or two at the seam.
 FIT_MARGIN_TOKENS = 4
-
-
-class LaneHTTPError(LaneError):
-    """The server answered with an error status; `status_code` lets callers decide whether to retry."""
-
-    def __init__(self, message: str, status_code: int) -> None:
-        self.status_code = status_code
-        super().__init__(message)
-
-    @property
-    def retryable(self) -> bool:
-        return self.status_code >= 500
-
-
-class LaneAuthError(LaneHTTPError):
-    """401/403: a wrong or missing API key. Never retried: every later request would fail the same way."""
-
-
-class PromptTooLongError(LaneError):
-    def __init__(
-        self, item: str, prompt_tokens: int, max_tokens: int, info: ServerInfo, detail: str = ""
-    ) -> None:
-        self.item, self.prompt_tokens, self.max_tokens = item, prompt_tokens, max_tokens
-        super().__init__(
-            f"item {item!r}: prompt of {prompt_tokens} tokens + max_tokens {max_tokens} = "
-            f"{prompt_tokens + max_tokens} does not fit the per-slot context of {info.per_slot_ctx} tokens "
-            f"({info.context_source}){detail}; shorten the item, lower max_tokens, or use overflow='shrink'"
-        )
 
 
 class HealthStatus(WireModel):
@@ -176,29 +154,25 @@ class CpuClient(OpenAIClient):
         api_key: str | None = None,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
+        retry: RetryPolicy | None = None,
+        seed: int | None = None,
     ) -> None:
-        super().__init__(LANE, base_url, api_key, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
-        self._has_apply_template: bool | None = None
-
-    def expect_ok(self, response: httpx.Response) -> httpx.Response:
-        code = response.status_code
-        if code < 400:
-            return response
-        where = f"{response.request.method} {response.request.url.path}"
-        if code in (401, 403):
-            raise LaneAuthError(
-                f"{LANE} lane at {self.base_url} refused the API key ({where}: HTTP {code}); "
-                f"check cpu_lane.api_key_env in configs/lanes.yaml and the server's --api-key",
-                code,
-            )
-        raise LaneHTTPError(
-            f"{LANE} lane at {self.base_url}: {where} answered HTTP {code}: {response.text[:500]}", code
+        super().__init__(
+            LANE,
+            base_url,
+            api_key,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retry=retry,
+            seed=seed,
         )
+        self._has_apply_template: bool | None = None
 
     # -- readiness ---------------------------------------------------------------------------------------
 
     def health(self) -> tuple[int, HealthStatus]:
-        response = self.request("GET", "/health")
+        # One attempt: `wait_ready` is the loop that waits for a loading or starting server.
+        response = self.request("GET", "/health", retries=False)
         try:
             body = HealthStatus.model_validate(response.json()) if response.content else HealthStatus()
         except ValueError:
@@ -229,7 +203,7 @@ class CpuClient(OpenAIClient):
             if code == 200:
                 return ReadyReport(waited_s=elapsed, loading_answers=loading, unreachable_answers=unreachable)
             if code != 503:
-                raise LaneHTTPError(f"{LANE} lane at {self.base_url}: GET /health answered HTTP {code}", code)
+                raise status_error(code, LANE, self.base_url, "GET", "/health", body.status)
             loading += 1
             last = f"HTTP 503 ({body.status or 'loading model'})"
             if elapsed >= timeout_s:
@@ -331,7 +305,9 @@ class CpuClient(OpenAIClient):
             return FittedPrompt(messages, prompt_tokens, shrunk=False)
         if overflow == "error" or varying_from is None:
             detail = "" if overflow == "error" else " and it marks no varying part to shrink"
-            raise PromptTooLongError(item, prompt_tokens, max_tokens, info, detail)
+            raise PromptTooLongError(
+                item, prompt_tokens, max_tokens, info.per_slot_ctx, info.context_source, detail
+            )
         last = messages[-1]
         head, varying = last.content[:varying_from], last.content[varying_from:]
         varying_ids = self.tokenize(varying)
@@ -342,7 +318,14 @@ class CpuClient(OpenAIClient):
         for _ in range(4):  # the seam can tokenize differently: re-count, cut a little more if needed
             if keep <= 0:
                 detail = " even with its varying part removed"
-                raise PromptTooLongError(item, prompt_tokens - len(varying_ids), max_tokens, info, detail)
+                raise PromptTooLongError(
+                    item,
+                    prompt_tokens - len(varying_ids),
+                    max_tokens,
+                    info.per_slot_ctx,
+                    info.context_source,
+                    detail,
+                )
             cut = self.detokenize(varying_ids[:keep]) + TRUNCATION_MARKER
             shrunk = [*messages[:-1], last.model_copy(update={"content": head + cut})]
             counted = self.count_prompt_tokens(shrunk)
@@ -355,7 +338,14 @@ class CpuClient(OpenAIClient):
                     varying_tokens_total=len(varying_ids),
                 )
             keep -= counted + max_tokens - info.per_slot_ctx + FIT_MARGIN_TOKENS
-        raise PromptTooLongError(item, prompt_tokens, max_tokens, info, " after 4 attempts to shrink it")
+        raise PromptTooLongError(
+            item,
+            prompt_tokens,
+            max_tokens,
+            info.per_slot_ctx,
+            info.context_source,
+            " after 4 attempts to shrink it",
+        )
 
 
 # Figures of /v1/models' `meta` that belong to the weights; `n_ctx` does not (it is a server flag).

@@ -24,14 +24,9 @@ from dagster import Failure, MetadataValue
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
 from lanes_pipeline.cpu_lane.bandwidth import YieldEvent, YieldPolicy, yielding_to_gpu
-from lanes_pipeline.cpu_lane.batch import (
-    BatchConfig,
-    BatchProgress,
-    BatchRequest,
-    BatchResult,
-    BatchRunner,
-    ProgressCallback,
-)
+from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
+from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, ProgressCallback
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.embedded.lane_resource import LaneResource
 from lanes_pipeline.embedded.servers import LaneName, running_embedded_url
@@ -73,9 +68,6 @@ class CpuLaneResource(LaneResource):
     model: str = "smollm2-135m-instruct-q4_1"  # the configured name: part of the weights fingerprint
     cache_path: str | None = None
     overflow: Literal["error", "shrink"] = "error"
-    max_attempts: int = 4
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 30.0
     ready_timeout_s: float = 600.0
     max_failure_ratio: float = 0.1
     # Yielding to the GPU lane (configs/lanes.yaml `bandwidth`). `gpu_url: embedded` watches the embedded
@@ -116,9 +108,6 @@ class CpuLaneResource(LaneResource):
             model=config.model,
             cache_path=config.cache_path,
             overflow=config.overflow,
-            max_attempts=config.max_attempts,
-            backoff_base_s=config.backoff_base_s,
-            backoff_max_s=config.backoff_max_s,
             ready_timeout_s=config.ready_timeout_s,
             max_failure_ratio=config.max_failure_ratio,
         )
@@ -129,6 +118,7 @@ class CpuLaneResource(LaneResource):
             self.api_key(),
             timeout_s=self.request_timeout_s,
             connect_timeout_s=self.connect_timeout_s,
+            retry=self.retry_policy(),
         )
 
     def resolved_cache_path(self) -> Path:
@@ -140,9 +130,6 @@ class CpuLaneResource(LaneResource):
             configured_model=self.model,
             max_slots=self.max_slots,
             overflow=self.overflow,
-            max_attempts=self.max_attempts,
-            backoff_base_s=self.backoff_base_s,
-            backoff_max_s=self.backoff_max_s,
             ready_timeout_s=self.ready_timeout_s,
             lease_dir=data_dir() / "run" / "cpu-lane-slots",
         )

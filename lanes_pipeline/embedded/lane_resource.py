@@ -16,7 +16,7 @@ from lanes_pipeline.embedded.servers import (
     running_embedded_url,
 )
 from lanes_pipeline.http import OpenAIClient
-from lanes_pipeline.settings import LaneConnection, data_dir, load_settings
+from lanes_pipeline.settings import LaneConnection, RetryPolicy, data_dir, load_settings
 
 
 def resolve_lane_url(lane: LaneName, base_url: str) -> tuple[str, EmbeddedServer | None]:
@@ -43,6 +43,10 @@ class LaneResource(ConfigurableResource):
     api_key_env: str | None = None
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
+    # The lane's RetryPolicy (configs/lanes.yaml), defaults from the one declaration in settings.py.
+    max_attempts: int = RetryPolicy().max_attempts
+    backoff_base_s: float = RetryPolicy().backoff_base_s
+    backoff_max_s: float = RetryPolicy().backoff_max_s
 
     _url: str | None = PrivateAttr(default=None)
     _owned_server: EmbeddedServer | None = PrivateAttr(default=None)
@@ -54,7 +58,15 @@ class LaneResource(ConfigurableResource):
             "api_key_env": lane.api_key_env,
             "request_timeout_s": lane.request_timeout_s,
             "connect_timeout_s": lane.connect_timeout_s,
+            **lane.retry_policy().model_dump(),
         }
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            backoff_base_s=self.backoff_base_s,
+            backoff_max_s=self.backoff_max_s,
+        )
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._url, self._owned_server = resolve_lane_url(self.lane, self.base_url)
@@ -80,4 +92,5 @@ class LaneResource(ConfigurableResource):
             self.api_key(),
             timeout_s=self.request_timeout_s,
             connect_timeout_s=self.connect_timeout_s,
+            retry=self.retry_policy(),
         )

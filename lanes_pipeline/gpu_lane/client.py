@@ -18,7 +18,17 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from lanes_pipeline.errors import LaneError
+from lanes_pipeline.errors import (
+    AdapterAlreadyLoadedError,
+    AdapterError,
+    AdapterNotLoadedError,
+    AdapterPathNotFoundError,
+    AdapterRankError,
+    LaneError,
+    LaneUnreachableError,
+    RuntimeLoraDisabledError,
+    SleepModeUnavailableError,
+)
 from lanes_pipeline.http import ModelCard, OpenAIClient
 from lanes_pipeline.prometheus import MetricsSnapshot
 
@@ -26,38 +36,6 @@ RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 LANE = "GPU"
 ALIAS_LOAD_DELAY_S = 0.002
 ALIAS_LOAD_ATTEMPTS = 50
-
-
-class AdapterError(LaneError):
-    """vLLM refused an adapter operation; `status` and `server_message` are what it said."""
-
-    def __init__(self, message: str, status: int = 0, server_message: str = "") -> None:
-        self.status, self.server_message = status, server_message
-        super().__init__(message)
-
-
-class RuntimeLoraDisabledError(AdapterError):
-    pass
-
-
-class AdapterAlreadyLoadedError(AdapterError):
-    pass
-
-
-class AdapterNotLoadedError(AdapterError):
-    pass
-
-
-class AdapterPathNotFoundError(AdapterError):
-    pass
-
-
-class AdapterRankError(AdapterError):
-    pass
-
-
-class SleepModeUnavailableError(LaneError):
-    pass
 
 
 def error_message(response: httpx.Response) -> str:
@@ -197,9 +175,9 @@ class VllmClient(OpenAIClient):
 
     def health(self) -> bool:
         """True when vLLM's engine is up (GET /health answers 200); False on 503 or no answer."""
-        try:
-            return self.http.get("/health").status_code == 200
-        except httpx.TransportError:
+        try:  # one attempt: a health check is its own retry loop
+            return self.request("GET", "/health", retries=False).status_code == 200
+        except LaneUnreachableError:
             return False
 
     def metrics_text(self) -> str:

@@ -17,6 +17,7 @@ from lanes_pipeline.embedded.lane_resource import LaneResource
 from lanes_pipeline.embedded.servers import LaneName, running_embedded_url
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.client import VllmClient
+from lanes_pipeline.http import NO_RETRY
 from lanes_pipeline.settings import (
     EMBEDDED,
     BandwidthConfig,
@@ -101,7 +102,7 @@ class GpuLaneResource(LaneResource):
         if not self.training_waits_for_cpu_lane or url is None:
             return None
         key = os.environ.get(self.cpu_lane_api_key_env) if self.cpu_lane_api_key_env else None
-        with CpuClient(url, key, timeout_s=10.0, connect_timeout_s=2.0) as client:
+        with CpuClient(url, key, timeout_s=10.0, connect_timeout_s=2.0, retry=NO_RETRY) as client:  # polls
             return wait_until_quiet(
                 lambda: cpu_active_requests(client),
                 quiet_s=self.cpu_quiet_s,
@@ -116,6 +117,7 @@ class GpuLaneResource(LaneResource):
             self.api_key(),
             timeout_s=self.request_timeout_s,
             connect_timeout_s=self.connect_timeout_s,
+            retry=self.retry_policy(),
         )
 
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lanes_pipeline.errors import LaneError
+from lanes_pipeline.errors import AdapterNotLoadedError, LaneError, ServingError
 from lanes_pipeline.gpu_lane.adapters import (
     AdapterRegistry,
     Version,
@@ -20,14 +20,10 @@ from lanes_pipeline.gpu_lane.adapters import (
     rollback_target,
     versions_to_unload,
 )
-from lanes_pipeline.gpu_lane.client import AdapterNotLoadedError, VllmClient
+from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.http import ChatMessage, ChatRequest, ModelCard
 
 SMOKE_PROMPT = "Say hello."
-
-
-class ServingError(LaneError):
-    pass
 
 
 @contextmanager

@@ -10,17 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import (
-    BatchConfig,
-    BatchRequest,
-    BatchResult,
-    BatchRunner,
-    ProgressCallback,
-)
+from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
+from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.batch_summary import ProgressCallback
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
-from lanes_pipeline.settings import Settings
+from lanes_pipeline.settings import RetryPolicy, Settings
 
 COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "black", "white", "brown", "pink", "gray")
 
@@ -56,8 +52,12 @@ def run_batch(
     requests: list[BatchRequest],
     progress: ProgressCallback | None = None,
     api_key: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> BatchResult:
-    with CpuClient(url, api_key, timeout_s=120.0) as client, ResponseCache(cache_path) as cache:
+    with (
+        CpuClient(url, api_key, timeout_s=120.0, retry=retry, seed=0) as client,
+        ResponseCache(cache_path) as cache,
+    ):
         return BatchRunner(client, cache, config, seed=0).run(requests, progress)
 
 

@@ -21,10 +21,12 @@ from lanes_pipeline.cpu_lane.bandwidth import (
     observe,
     wait_until_quiet,
 )
-from lanes_pipeline.cpu_lane.batch import BatchProgress, BatchRequest, SlotGate
+from lanes_pipeline.cpu_lane.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.batch_summary import BatchProgress
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.slots import SlotGate
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource

@@ -350,7 +350,7 @@ def test_cpu_lane_assets_are_registered_daily_with_their_pool_and_checks() -> No
 
 def test_only_deterministic_failures_are_remembered() -> None:
     from lanes_pipeline.cpu_lane.assets.common import remembered_answer
-    from lanes_pipeline.cpu_lane.batch import ItemFailure, ItemResult
+    from lanes_pipeline.cpu_lane.batch_models import ItemFailure, ItemResult
 
     def item(status: str, text: str | None = None, kind: str | None = None) -> ItemResult:
         failure = ItemFailure(kind=kind, reason="why") if kind else None

@@ -10,9 +10,10 @@ from pydantic import BaseModel, field_validator
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
 from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.client import TRUNCATION_MARKER, CpuClient, PromptTooLongError, ServerInfo
+from lanes_pipeline.cpu_lane.client import TRUNCATION_MARKER, CpuClient, ServerInfo
 from lanes_pipeline.cpu_lane.prompts import SHORT_ANSWER, PromptLayout, TaskKind
 from lanes_pipeline.embedded.servers import EmbeddedServer
+from lanes_pipeline.errors import PromptTooLongError
 from lanes_pipeline.prometheus import LaneCounters
 from lanes_pipeline.settings import EmbeddedCpuServer, Settings
 from lanes_pipeline_tests.cpu_lane.fixtures import (

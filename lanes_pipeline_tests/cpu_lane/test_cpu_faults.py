@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.client import CpuClient, LaneAuthError
+from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.errors import LaneError
-from lanes_pipeline.settings import Settings
+from lanes_pipeline.errors import AuthenticationError, LaneError
+from lanes_pipeline.settings import RetryPolicy, Settings
 from lanes_pipeline_tests.cpu_lane.fixtures import (
     batch_config,
     first_done,
@@ -32,10 +32,13 @@ def test_kill_mid_batch_loses_nothing_and_the_rerun_asks_only_the_missing(
 ) -> None:
     requests = questions(ITEMS, max_tokens=8, offset=100)
     # Few, quick retries: against a dead server each remaining item fails fast, as it would after a crash.
-    config = batch_config(settings, max_attempts=2, backoff_base_s=0.05, backoff_max_s=0.1)
+    config = batch_config(settings)
+    retry = RetryPolicy(max_attempts=2, backoff_base_s=0.05, backoff_max_s=0.1)
     cache_path = tmp_path / "resume.sqlite3"
     with private_cpu_server(settings) as server:
-        crashed = run_batch(server.url, cache_path, config, requests, progress=first_done(3, server.kill))
+        crashed = run_batch(
+            server.url, cache_path, config, requests, progress=first_done(3, server.kill), retry=retry
+        )
         assert server.process is None  # it really was killed mid-batch
 
         ok_before = [r for r in crashed.results if r.status == "ok"]
@@ -57,7 +60,7 @@ def test_kill_mid_batch_loses_nothing_and_the_rerun_asks_only_the_missing(
         server.start()  # same port, same weights: same fingerprint
         with CpuClient(server.url) as client:
             before = client.counters()
-            resumed = run_batch(server.url, cache_path, config, requests)
+            resumed = run_batch(server.url, cache_path, config, requests, retry=retry)
             asked_prompt, asked_generated = client.counters().tokens_since(before)
         summary = resumed.summary
         assert summary.failed == 0, [r.failure for r in resumed.results]
@@ -67,7 +70,7 @@ def test_kill_mid_batch_loses_nothing_and_the_rerun_asks_only_the_missing(
         # The server's own counters: it generated exactly the answers of the missing items, nothing more.
         assert asked_generated == summary.completion_tokens and asked_prompt > 0
 
-        clean = run_batch(server.url, tmp_path / "clean.sqlite3", config, requests)
+        clean = run_batch(server.url, tmp_path / "clean.sqlite3", config, requests, retry=retry)
     assert clean.summary.cache_hits == 0 and clean.summary.failed == 0
     assert [(r.id, r.text) for r in resumed.results] == [(r.id, r.text) for r in clean.results]
 
@@ -110,16 +113,16 @@ def test_a_wrong_api_key_is_a_clear_error(
     keyed = settings_with_cpu_lane(settings, api_key_env="LANES_TEST_CPU_KEY")
     config = batch_config(settings)
     with private_cpu_server(keyed) as server:
-        with pytest.raises(LaneAuthError) as error:
+        with pytest.raises(AuthenticationError) as error:
             run_batch(server.url, tmp_path / "c.sqlite3", config, questions(2), api_key="wrong-key")
         assert error.value.status_code == 401
         assert "refused the API key" in str(error.value) and "cpu_lane.api_key_env" in str(error.value)
-        with pytest.raises(LaneAuthError):  # no key at all
+        with pytest.raises(AuthenticationError):  # no key at all
             run_batch(server.url, tmp_path / "c.sqlite3", config, questions(1))
         resource = CpuLaneResource(
             base_url=server.url, api_key_env="LANES_TEST_WRONG_KEY", cache_path=str(tmp_path / "r.sqlite3")
         )
-        with pytest.raises(LaneAuthError, match="refused the API key"):
+        with pytest.raises(AuthenticationError, match="refused the API key"):
             resource.run_batch(questions(1))
         ok = run_batch(server.url, tmp_path / "c.sqlite3", config, questions(1), api_key="right-key")
     assert ok.results[0].status == "ok"

@@ -12,7 +12,9 @@ from dagster import AssetExecutionContext, DagsterInstance, Failure, Materialize
 
 from lanes_pipeline.cli.cpu import cpu
 from lanes_pipeline.cpu_lane.answer_cache import WeightsIdentity
-from lanes_pipeline.cpu_lane.batch import BatchResult, ItemFailure, ItemResult, summarize
+from lanes_pipeline.cpu_lane.batch import BatchResult
+from lanes_pipeline.cpu_lane.batch_models import ItemFailure, ItemResult
+from lanes_pipeline.cpu_lane.batch_summary import summarize
 from lanes_pipeline.cpu_lane.client import ServerInfo
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, batch_metadata
 from lanes_pipeline.embedded.servers import EmbeddedServer

@@ -17,9 +17,12 @@ import httpx
 import pytest
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchConfig, BatchRequest, BatchRunner
-from lanes_pipeline.cpu_lane.client import CpuClient, LaneAuthError
+from lanes_pipeline.cpu_lane.batch import BatchRunner
+from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.errors import AuthenticationError
 from lanes_pipeline.http import ChatMessage
+from lanes_pipeline.settings import RetryPolicy
 
 URL = "http://fake-ik-llama"
 
@@ -75,12 +78,12 @@ def _request(item: str) -> BatchRequest:
 
 
 def _runner(server: FakeIkServer, tmp_path: Path) -> tuple[BatchRunner, ResponseCache]:
-    client = CpuClient(URL)
+    client = CpuClient(
+        URL, retry=RetryPolicy(max_attempts=3, backoff_base_s=0.01, backoff_max_s=0.02), seed=0
+    )
     client.http = httpx.Client(base_url=URL, transport=httpx.MockTransport(server))
     cache = ResponseCache(tmp_path / "c.sqlite3")
-    config = BatchConfig(
-        model_alias="smollm2", configured_model="m", max_attempts=3, backoff_base_s=0.01, backoff_max_s=0.02
-    )
+    config = BatchConfig(model_alias="smollm2", configured_model="m")
     return BatchRunner(client, cache, config, seed=0), cache
 
 
@@ -106,5 +109,5 @@ def test_5xx_and_empty_answers_are_retried_4xx_is_not(tmp_path: Path) -> None:
 
 def test_a_refused_key_mid_batch_ends_the_batch(tmp_path: Path) -> None:
     runner, cache = _runner(FakeIkServer(), tmp_path)
-    with cache, pytest.raises(LaneAuthError, match="refused the API key"):
+    with cache, pytest.raises(AuthenticationError, match="refused the API key"):
         runner.run([_request("fine"), _request("locked")])

@@ -23,25 +23,20 @@ from lanes_pipeline.cpu_lane.answer_cache import (
     WeightsIdentity,
     cache_key,
 )
-from lanes_pipeline.cpu_lane.batch import (
-    BatchProgress,
+from lanes_pipeline.cpu_lane.answer_parsing import extract_json, parse_structured, repair_request
+from lanes_pipeline.cpu_lane.batch_models import (
     BatchRequest,
     ItemFailure,
     ItemResult,
     RequestMetrics,
-    SlotGate,
-    backoff_delay,
     cached_prompt_tokens,
-    extract_json,
-    parse_structured,
-    percentile,
-    repair_request,
     request_metrics,
-    summarize,
 )
+from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, percentile, summarize
 from lanes_pipeline.cpu_lane.client import ServerProps, SlotState, per_slot_context, shrink_keep_tokens
 from lanes_pipeline.cpu_lane.prompts import SHORT_ANSWER, PromptLayout, TaskKind, register
-from lanes_pipeline.http import ChatMessage, ChatResponse, Timings, Usage
+from lanes_pipeline.cpu_lane.slots import SlotGate
+from lanes_pipeline.http import ChatMessage, ChatResponse, Timings, Usage, backoff_delay
 from lanes_pipeline.prometheus import MetricsSnapshot, busy_slots_between, parse_lane_counters
 
 LLAMACPP_METRICS = """\

@@ -15,21 +15,21 @@ import pytest
 
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer
-from lanes_pipeline.errors import LaneError
-from lanes_pipeline.gpu_lane.adapters import (
-    AdapterRegistry,
-    IncompatibleAdapterError,
-    supported_target_modules,
-)
-from lanes_pipeline.gpu_lane.client import (
+from lanes_pipeline.errors import (
     AdapterAlreadyLoadedError,
     AdapterError,
     AdapterNotLoadedError,
     AdapterPathNotFoundError,
     AdapterRankError,
+    LaneError,
     SleepModeUnavailableError,
-    VllmClient,
 )
+from lanes_pipeline.gpu_lane.adapters import (
+    AdapterRegistry,
+    IncompatibleAdapterError,
+    supported_target_modules,
+)
+from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.settings import Settings

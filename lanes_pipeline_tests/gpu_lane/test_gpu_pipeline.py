@@ -24,8 +24,9 @@ from lanes_pipeline.daily.resources import ArtifactStoreResource
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
+from lanes_pipeline.errors import RuntimeLoraDisabledError
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
-from lanes_pipeline.gpu_lane.client import RUNTIME_LORA_ENV, RuntimeLoraDisabledError, VllmClient
+from lanes_pipeline.gpu_lane.client import RUNTIME_LORA_ENV, VllmClient
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.gpu_lane.sensors import gpu_lane_adapters_sensor
 from lanes_pipeline.http import ChatMessage, ChatRequest

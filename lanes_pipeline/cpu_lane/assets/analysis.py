@@ -18,7 +18,7 @@ from lanes_pipeline.cpu_lane.assets.common import (
     write_partition,
 )
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
-from lanes_pipeline.cpu_lane.batch import ItemResult
+from lanes_pipeline.cpu_lane.batch_models import ItemResult
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.tasks import ANALYSIS, TASKS_VERSION, FileAnalysis, analysis_problem, file_prompt
 from lanes_pipeline.daily.policies import LANE_RETRY

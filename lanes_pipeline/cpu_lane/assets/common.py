@@ -15,7 +15,8 @@ from typing import Any
 
 from dagster import Failure, MetadataValue
 
-from lanes_pipeline.cpu_lane.batch import BatchResult, ItemResult
+from lanes_pipeline.cpu_lane.batch import BatchResult
+from lanes_pipeline.cpu_lane.batch_models import ItemResult
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
 from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, read_blobs
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource

@@ -1,0 +1,108 @@
+"""A batch in figures: the summary for Dagster metadata and the CLI, and the progress line. Pure."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from lanes_pipeline.cpu_lane.batch_models import ItemResult
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+class BatchSummary(BaseModel):
+    """One batch in figures, for Dagster metadata and the CLI. Throughputs are over the batch's wall time;
+    latencies and token figures cover the items answered by the server in this run (not cache hits)."""
+
+    items: int
+    ok: int
+    failed: int
+    cache_hits: int
+    answered: int  # items the server answered in this run
+    requests_sent: int  # completion requests, retries and repairs included
+    failure_ratio: float
+    failures_by_kind: dict[str, int]
+    wall_s: float
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    completion_tokens: int
+    prompt_tokens_per_s: float  # prompt tokens the server evaluated (cache reuse excluded) per second
+    generation_tokens_per_s: float
+    prefix_cache_reuse: float | None  # cached prompt tokens / prompt tokens
+
+    def metadata(self) -> dict[str, float | int]:
+        """Flat numbers, which Dagster plots over time."""
+        return {k: v for k, v in self.model_dump().items() if isinstance(v, int | float) and v is not None}
+
+
+def summarize(results: Sequence[ItemResult], wall_s: float) -> BatchSummary:
+    answered = [r for r in results if r.status == "ok" and not r.from_cache and r.metrics is not None]
+    metrics = [r.metrics for r in answered if r.metrics is not None]
+    prompt = sum(m.prompt_tokens for m in metrics)
+    cached = sum(m.cached_prompt_tokens or 0 for m in metrics)
+    completion = sum(m.completion_tokens for m in metrics)
+    failed = [r for r in results if r.status == "failed"]
+    latencies = [m.latency_s for m in metrics]
+    return BatchSummary(
+        items=len(results),
+        ok=sum(r.status == "ok" for r in results),
+        failed=len(failed),
+        cache_hits=sum(r.from_cache for r in results),
+        answered=len(answered),
+        requests_sent=sum(r.requests_sent for r in results),
+        failure_ratio=len(failed) / len(results) if results else 0.0,
+        failures_by_kind=dict(Counter(r.failure.kind for r in failed if r.failure)),
+        wall_s=round(wall_s, 3),
+        latency_p50_s=percentile(latencies, 50),
+        latency_p95_s=percentile(latencies, 95),
+        prompt_tokens=prompt,
+        cached_prompt_tokens=cached,
+        completion_tokens=completion,
+        prompt_tokens_per_s=(prompt - cached) / wall_s if wall_s > 0 else 0.0,
+        generation_tokens_per_s=completion / wall_s if wall_s > 0 else 0.0,
+        prefix_cache_reuse=cached / prompt if prompt else None,
+    )
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    total: int
+    done: int
+    cache_hits: int
+    failed: int
+    elapsed_s: float
+    answered: int  # done by the server in this run: the rate the ETA is based on
+
+    @property
+    def eta_s(self) -> float | None:
+        remaining = self.total - self.done
+        if remaining == 0:
+            return 0.0
+        if self.answered == 0 or self.elapsed_s <= 0:
+            return None
+        return remaining * self.elapsed_s / self.answered
+
+    def line(self) -> str:
+        eta = "unknown" if self.eta_s is None else f"{self.eta_s:.0f} s"
+        percent = 100 * self.done / self.total if self.total else 100.0
+        return (
+            f"{self.done}/{self.total} done ({percent:.0f}%): {self.cache_hits} from cache, "
+            f"{self.failed} failed; {self.elapsed_s:.0f} s elapsed, ETA {eta}"
+        )
+
+
+ProgressCallback = Callable[[BatchProgress], None]
