@@ -22,14 +22,22 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
-from dagster import DagsterInstance, DagsterRun, RunsFilter
-from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from lanes_pipeline.settings import Settings
 
 CPU_POOL, GPU_POOL = "cpu_lane", "gpu_lane"
 # Tags of a run executed in the `lanes run` process itself: who to ask whether it is still alive.
 PID_TAG, HOST_TAG, STARTED_TAG = "lanes/pid", "lanes/host", "lanes/process_started"
+# The states of a run that may still hold pool slots (Dagster's own list of them is private).
+NOT_FINISHED = [
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.SUSPENDED,
+    DagsterRunStatus.CANCELING,
+]
 
 
 def use_project_instance(settings: Settings) -> Path:
@@ -77,9 +85,7 @@ def _process_alive(tags: Mapping[str, str]) -> bool:
 
 def orphaned_runs(instance: DagsterInstance) -> list[DagsterRun]:
     """Unfinished runs executed in a `lanes run` process on this host that no longer exists."""
-    runs = instance.get_runs(
-        RunsFilter(statuses=list(NOT_FINISHED_STATUSES), tags={HOST_TAG: socket.gethostname()})
-    )
+    runs = instance.get_runs(RunsFilter(statuses=NOT_FINISHED, tags={HOST_TAG: socket.gethostname()}))
     return [run for run in runs if PID_TAG in run.tags and not _process_alive(run.tags)]
 
 
