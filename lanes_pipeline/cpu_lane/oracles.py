@@ -80,7 +80,24 @@ def _chunks(answer: str) -> list[str]:
     return ["\n".join(_PROMPT.sub("", line) for line in block.splitlines()) for block in blocks]
 
 
-def _statements(chunk: str) -> list[tuple[int, ast.stmt | None, str]]:
+def _embedded(text: str, head: str) -> list[ast.stmt]:
+    """Calls written inside prose (`Try f(1) and f(2).`): the longest expression that parses, from each
+    place the target's name starts."""
+    found: list[ast.stmt] = []
+    starts = [m.start() for m in re.finditer(rf"\b{re.escape(head)}\s*\(", text[: MAX_CALL_CHARS * 2])]
+    for start in starts:
+        for end in range(len(text), start, -1):
+            if text[end - 1] != ")":
+                continue
+            try:
+                found.append(ast.parse(text[start:end].strip()).body[0])
+                break
+            except (SyntaxError, IndexError):
+                continue
+    return found
+
+
+def _statements(chunk: str, head: str) -> list[tuple[int, ast.stmt | None, str]]:
     """(line, statement or None, text) of a chunk: parsed whole, else line by line (prose around code)."""
     try:
         return [(s.lineno, s, "") for s in _flatten(ast.parse(chunk).body)]
@@ -94,7 +111,9 @@ def _statements(chunk: str) -> list[tuple[int, ast.stmt | None, str]]:
         try:
             found += [(number, s, "") for s in ast.parse(text).body]
         except SyntaxError:
-            if "(" in text:
+            embedded = _embedded(text, head)
+            found += [(number, s, "") for s in embedded]
+            if not embedded and "(" in text:
                 found.append((number, None, text[:80]))
     return found
 
@@ -152,12 +171,13 @@ def literal_problem(node: ast.expr) -> str | None:
         return None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         return literal_problem(node.operand)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
+    if isinstance(node, ast.BinOp):
         # Only complex literals (`1+2j`): a product could ask for gigabytes (`"a" * 10**12`).
         both = (node.left, node.right)
-        if all(isinstance(n, ast.Constant) and isinstance(n.value, int | float | complex) for n in both):
-            return None
-        return "arithmetic in an argument"
+        numbers = all(
+            isinstance(n, ast.Constant) and isinstance(n.value, int | float | complex) for n in both
+        )
+        return None if numbers and isinstance(node.op, ast.Add | ast.Sub) else "arithmetic in an argument"
     if isinstance(node, ast.List | ast.Tuple | ast.Set):
         return next((p for p in map(literal_problem, node.elts) if p), None)
     if isinstance(node, ast.Dict):
@@ -206,7 +226,7 @@ def parse_calls(answer: str, target: str, max_calls: int = MAX_CALLS) -> ParsedC
     calls: list[str] = []
     rejected: list[str] = []
     for chunk in _chunks(answer):
-        for line, statement, text in _statements(chunk):
+        for line, statement, text in _statements(chunk, target.split(".", 1)[0]):
             if statement is None:
                 rejected.append(f"line {line}: not Python: {text}")
                 continue
