@@ -24,6 +24,7 @@ from lanes_pipeline.cpu_lane.answer_cache import (
     cache_key,
 )
 from lanes_pipeline.cpu_lane.answer_parsing import extract_json, parse_structured, repair_request
+from lanes_pipeline.cpu_lane.batch import prefix_groups, prefix_key
 from lanes_pipeline.cpu_lane.batch_models import (
     BatchRequest,
     ItemFailure,
@@ -405,3 +406,16 @@ def test_bench_shared_prefix_limit_and_naive_layout() -> None:
     assert fixed[0].messages[0].content == fixed[1].messages[0].content
     assert naive[0].messages[0].content.startswith("Function: f(x)")  # the varying part first
     assert fixed[0].messages[0].content in naive[0].messages[0].content  # the same words, other order
+
+
+def test_requests_sharing_a_prefix_wait_for_the_first_of_their_group() -> None:
+    a = PromptLayout(SHORT_ANSWER, shared_context="repo A")
+    b = PromptLayout(SHORT_ANSWER, shared_context="repo B")
+    loose = BatchRequest(id="loose", messages=[ChatMessage(role="user", content="no varying part")])
+    requests = [a.build("a1", "x"), b.build("b1", "y"), a.build("a2", "z"), loose, a.build("a3", "w")]
+    assert prefix_key(requests[0]) == prefix_key(requests[2]) != prefix_key(requests[1])
+    assert prefix_key(loose) is None
+    first, waiting = prefix_groups(requests, [0, 1, 2, 3, 4])
+    assert first == [0, 1, 3] and waiting == {0: [2, 4]}
+    # Already answered items do not lead: the first pending one of the group does.
+    assert prefix_groups(requests, [2, 4]) == ([2], {2: [4]})
