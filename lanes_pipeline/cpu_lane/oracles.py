@@ -5,9 +5,10 @@ A small model guesses expected values badly but proposes plausible inputs well. 
 for calls of the target (`slugify("Hello, World!", max_length=10)`), each call is run against the real code
 inside the sandbox, and a test is written from what came back: `assert slugify(...) == 'hello-worl'`, only
 for results whose `repr` reads back as an equal literal, or `pytest.raises(ValueError)` for a builtin
-exception. Whether such a test has teeth is decided later by the mutants (mutants.py).
+exception. Whether such a test has teeth is decided by the mutants (mutants.py): `kills_mutants`.
 
-The first part is pure (parsing answers, the probe script, the test file); `observe_calls` runs the probe.
+The first part is pure (parsing answers, the probe script, the test file); `observe_calls` runs the probe in
+a sandbox, `kills_mutants` runs a test against each mutant in one.
 """
 
 from __future__ import annotations
@@ -17,13 +18,22 @@ import builtins
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanes_pipeline.cpu_lane.sandbox import SETUP_FAILED, CommandResult, Isolation, open_sandbox
+from lanes_pipeline.cpu_lane.mutants import MutantKind, mutants
+from lanes_pipeline.cpu_lane.sandbox import (
+    SETUP_FAILED,
+    CommandResult,
+    Isolation,
+    RunReport,
+    Sandbox,
+    open_sandbox,
+    run_pytest,
+)
 from lanes_pipeline.settings import SandboxLimits
 
 MAX_CALLS = 16
@@ -64,6 +74,20 @@ class ObservationRun(Frozen):
     @property
     def usable(self) -> list[Observation]:
         return [o for o in self.observations if usable(o)]
+
+
+class MutantRun(Frozen):
+    kind: MutantKind
+    outcome: str = Field(description="the test run's outcome with this mutant in place")
+    killed: bool
+
+
+class TeethVerdict(Frozen):
+    """Whether a test fails on every mutant of its target (a test that cannot fail teaches nothing)."""
+
+    killed_all: bool
+    reason: str
+    runs: list[MutantRun] = []
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -405,3 +429,29 @@ def _outcome(command: CommandResult) -> dict[str, str]:
     if command.returncode != 0:
         return {"outcome": "crashed", "detail": f"exit {command.returncode}: {command.output[-500:]}"}
     return {"outcome": "ok", "detail": ""}
+
+
+KILLING_OUTCOMES = frozenset({"failure", "import_error", "collection_error"})
+PytestRun = Callable[[Sandbox, Sequence[str], int], RunReport]
+
+
+def kills_mutants(
+    sandbox: Sandbox, source_path: str, target: str, test_path: str, run: PytestRun = run_pytest
+) -> TeethVerdict:
+    """Run `test_path` once with each mutant of `target` written over `source_path` in the sandbox's
+    worktree (restored afterwards); stop at the first mutant the test survives. `run` is how pytest runs
+    (default: the project's Python; pass one bound to the repository's environment)."""
+    original = (sandbox.worktree / source_path).read_text(encoding="utf-8")
+    runs: list[MutantRun] = []
+    try:
+        for index, mutant in enumerate(mutants(original, target)):
+            sandbox.write(source_path, mutant.source)
+            report = run(sandbox, [test_path], 100 + index)
+            killed = report.outcome in KILLING_OUTCOMES or report.failed > 0
+            runs.append(MutantRun(kind=mutant.kind, outcome=report.outcome, killed=killed))
+            if not killed:
+                reason = f"survives the {mutant.kind} mutant of {target} ({report.outcome})"
+                return TeethVerdict(killed_all=False, reason=reason, runs=runs)
+    finally:
+        sandbox.write(source_path, original)
+    return TeethVerdict(killed_all=True, reason=f"fails on all {len(runs)} mutants of {target}", runs=runs)

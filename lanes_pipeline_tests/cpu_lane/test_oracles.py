@@ -14,6 +14,7 @@ import lanes_pipeline.cpu_lane.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.mutants import mutants
 from lanes_pipeline.cpu_lane.oracles import (
     Observation,
+    kills_mutants,
     observe_calls,
     oracle_test_file,
     parse_calls,
@@ -21,7 +22,7 @@ from lanes_pipeline.cpu_lane.oracles import (
     read_observations,
 )
 from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
-from lanes_pipeline.cpu_lane.sandbox import detect_isolation
+from lanes_pipeline.cpu_lane.sandbox import detect_isolation, judge_test_file, open_sandbox
 from lanes_pipeline.settings import SandboxLimits
 
 DAY3 = Path(sample_repo.__file__).parent / "day3"
@@ -136,3 +137,28 @@ def test_observe_calls_runs_the_probe_inside_the_sandbox_at_the_commit(tmp_path:
     assert run.observations[1].exception == "TypeError" and len(run.usable) == 2
     escape = observe_calls(repo, commit, "slug", "slugify", ["slugify('Hello')"], limits, detect_isolation())
     assert escape.observations[0].value_repr == "'hello'"  # the commit, never the working tree
+
+
+# Calls the target without checking what came back: the raising mutant kills it, `return None` does not.
+WEAK_TEST = "from slug import slugify\n\n\ndef test_slugify_runs():\n    slugify('Hello')\n"
+
+
+def test_kills_mutants_in_the_sandbox_keeps_a_test_with_teeth_and_restores_the_source(tmp_path: Path) -> None:
+    day = CommitSpec(when=datetime(2026, 11, 1, tzinfo=UTC), message="day 3", files={"slug.py": SLUG})
+    commit = build_history(tmp_path / "repo", [day])
+    limits = SandboxLimits(timeout_s=20, memory_mb=768, runs=1)
+    good = oracle_test_file("slug", "slugify", [Observation(call="slugify('A b')", status="value",
+                                                            value_repr="'a-b'")])  # fmt: skip
+    with open_sandbox(tmp_path / "repo", commit, limits, detect_isolation()) as sandbox:
+        sandbox.write("test_oracle.py", good)
+        sandbox.write("test_weak.py", WEAK_TEST)
+        assert judge_test_file(sandbox, "test_oracle.py").accepted
+        verdict = kills_mutants(sandbox, "slug.py", "slugify", "test_oracle.py")
+        assert verdict.killed_all, verdict.reason
+        assert [(r.kind, r.outcome) for r in verdict.runs] == [
+            ("raise_not_implemented", "failure"), ("return_none", "failure")
+        ]  # fmt: skip
+        weak = kills_mutants(sandbox, "slug.py", "slugify", "test_weak.py")
+        assert not weak.killed_all and weak.reason.startswith("survives the return_none mutant")
+        assert [r.killed for r in weak.runs] == [True, False]
+        assert (sandbox.worktree / "slug.py").read_text(encoding="utf-8") == SLUG
