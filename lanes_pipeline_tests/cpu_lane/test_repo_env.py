@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
+from lanes_pipeline.cpu_lane.oracles import observe_calls
 from lanes_pipeline.cpu_lane.repo_env import (
     DependencySpec,
     dependency_files_at,
@@ -18,6 +23,7 @@ from lanes_pipeline.cpu_lane.repo_env import (
     read_dependencies,
 )
 from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
+from lanes_pipeline.settings import SandboxLimits
 
 PYPROJECT = """
 [project]
@@ -89,7 +95,17 @@ def test_dependency_files_come_from_the_commit(tmp_path: Path) -> None:
     assert dependency_files_at(repo, commit) == {"requirements.txt": "six\n"}
 
 
-def test_an_environment_is_built_once_per_hash_even_when_two_ask_at_once(tmp_path: Path) -> None:
+@pytest.fixture
+def open_folder() -> Iterator[Path]:
+    """A data folder the sandbox's unprivileged uid can traverse (pytest's tmp_path sits below a 0700
+    folder; making the environment visible from there is the sandbox's job, not tested here)."""
+    with tempfile.TemporaryDirectory(prefix="lanes-repo-env-") as folder:
+        Path(folder).chmod(0o755)
+        yield Path(folder)
+
+
+def test_an_environment_is_built_once_per_hash_even_when_two_ask_at_once(open_folder: Path) -> None:
+    tmp_path = open_folder
     spec = read_dependencies({"requirements.txt": "six\n"})
     results = []
     threads = [threading.Thread(target=lambda: results.append(ensure_env(spec, tmp_path))) for _ in range(2)]
@@ -108,6 +124,13 @@ def test_an_environment_is_built_once_per_hash_even_when_two_ask_at_once(tmp_pat
     again = ensure_env(spec, tmp_path)
     assert again.reused and again.python == env.python
     assert ensure_env(DependencySpec(), tmp_path).key != env.key
+    # Inside the sandbox, code of the repository runs with this environment's interpreter and packages.
+    module = "import sys\nimport six\n\n\ndef where(x):\n    return sys.prefix\n"
+    commit = build_history(tmp_path / "repo", [CommitSpec(when=datetime(2026, 11, 1, tzinfo=UTC),
+                                                          message="m", files={"m.py": module})])  # fmt: skip
+    run = observe_calls(tmp_path / "repo", commit, "m", "where", ["where(1)"],
+                        SandboxLimits(timeout_s=20, memory_mb=768), python=env.python)  # fmt: skip
+    assert run.outcome == "ok" and run.observations[0].value_repr == repr(env.path)
 
 
 def test_a_failed_build_is_recorded_with_its_reason_and_not_retried_at_once(tmp_path: Path) -> None:
