@@ -41,9 +41,7 @@ def build_definitions(settings: Settings) -> Definitions:
         schedules=[daily_schedule(settings)],
         sensors=SENSORS,
         resources={
-            "cpu_lane": CpuLaneResource.from_config(
-                settings.lanes.cpu_lane, bandwidth=settings.lanes.bandwidth, gpu=settings.lanes.gpu_lane
-            ),
+            "cpu_lane": CpuLaneResource.from_lanes(settings.lanes),
             "gpu_lane": GpuLaneResource.from_config(
                 settings.lanes.gpu_lane, bandwidth=settings.lanes.bandwidth, cpu=settings.lanes.cpu_lane
             ),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
+from dagster import Config
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 EMBEDDED = "embedded"
@@ -23,8 +24,16 @@ CONFIG_FILES = ("lanes.yaml", "models.yaml", "repos.yaml", "training.yaml", "pip
 _ENV_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class StrictModel(BaseModel):
+class StrictModel(Config, BaseModel):  # BaseModel named too: Config is one, and linters then know it
+    """Every config model. A dagster `Config` (a frozen pydantic model), so a resource holds the settings it
+    needs as a nested field: each setting is declared, with its default, once, here."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __init__(self, **values: Any) -> None:
+        # Pydantic's own validation, not Config's: Config.__init__ fills a missing required key with None,
+        # which would turn "required key is missing" into a type error about None.
+        BaseModel.__init__(self, **values)
 
 
 def _check_base_url(value: str) -> str:
@@ -103,7 +112,13 @@ class CpuLane(LaneConnection):
     overflow: Literal["error", "shrink"] = Field(
         "error", description="a prompt over the per-slot context: fail the item, or shrink its varying part"
     )
-    max_failure_ratio: float = Field(0.1, ge=0, le=1, description="failed items above this fail the asset")
+    max_failure_ratio: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="the one failure gate: a CPU-lane asset fails above this share of requests failed for "
+        "transient reasons (server down, timeouts), `lanes cpu batch` above this share of failed items",
+    )
     embedded: EmbeddedCpuServer = EmbeddedCpuServer()
 
 
@@ -288,7 +303,6 @@ class CpuAssetsConfig(StrictModel):
     tests_max_tokens: int = Field(320, ge=16)
     refactor_max_tokens: int = Field(320, ge=16)
     max_unparseable_ratio: float = Field(0.5, ge=0, le=1, description="asset check on repo_analysis")
-    max_failure_ratio: float = Field(0.25, ge=0, le=1, description="transient CPU-lane failures tolerated")
     sandbox: SandboxLimits = SandboxLimits()
 
 

@@ -27,11 +27,11 @@ from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import BatchProgress
 from lanes_pipeline.cpu_lane.prompts import ASK, SHORT_ANSWER, PromptLayout, TaskKind, task_kind
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource, over_failure_ratio
 from lanes_pipeline.embedded.servers import running_lanes
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.http import ChatMessage
-from lanes_pipeline.settings import ConfigError, Settings, load_settings
+from lanes_pipeline.settings import ConfigError, CpuLane, LanesConfig, Settings, load_settings
 
 
 class BatchLine(BaseModel):
@@ -119,19 +119,18 @@ class TqdmProgress:
         self.bar.close()
 
 
+def lane_config(settings: Settings, **overrides: object) -> LanesConfig:
+    """lanes.yaml with the command line's overrides of `cpu_lane` keys (None: not given), validated."""
+    given = {key: value for key, value in overrides.items() if value is not None}
+    cpu_lane = CpuLane.model_validate({**settings.lanes.cpu_lane.model_dump(), **given})
+    return settings.lanes.model_copy(update={"cpu_lane": cpu_lane})
+
+
 def _run(
-    settings: Settings, requests: list[BatchRequest], overflow: str | None, show_progress: bool
+    settings: Settings, lanes: LanesConfig, requests: list[BatchRequest], show_progress: bool
 ) -> BatchResult:
-    config = settings.lanes.cpu_lane
-    if overflow is not None:
-        config = config.model_copy(update={"overflow": overflow})
     with running_lanes(settings, ("cpu",)) as endpoints:
-        resource = CpuLaneResource.from_config(
-            config,
-            base_url=endpoints.url("cpu"),
-            bandwidth=settings.lanes.bandwidth,
-            gpu=settings.lanes.gpu_lane,
-        )
+        resource = CpuLaneResource.from_lanes(lanes, base_url=endpoints.url("cpu"))
         bar = TqdmProgress(len(requests), show_progress)
         try:
             return resource.run_batch(requests, progress=bar)
@@ -171,7 +170,8 @@ def ask(
         kind = kind.model_copy(update={"name": "custom", "instructions": system})
     request = PromptLayout(kind).build("ask", question, max_tokens)
     try:
-        result = _run(load_settings(), [request], overflow, show_progress=False)
+        settings = load_settings()
+        result = _run(settings, lane_config(settings, overflow=overflow), [request], show_progress=False)
     except (ConfigError, LaneError) as exc:
         raise click.ClickException(str(exc)) from None
     item = result.results[0]
@@ -194,7 +194,8 @@ def batch(
     requests = read_batch_file(file)
     try:
         settings = load_settings()
-        result = _run(settings, requests, overflow, show_progress=progress)
+        lanes = lane_config(settings, overflow=overflow, max_failure_ratio=max_failure_ratio)
+        result = _run(settings, lanes, requests, show_progress=progress)
     except (ConfigError, LaneError) as exc:
         raise click.ClickException(str(exc)) from None
     lines = "".join(json.dumps(result_line(item), ensure_ascii=False) + "\n" for item in result.results)
@@ -213,8 +214,8 @@ def batch(
     )
     for item in result.failed():
         click.echo(f"failed: {item.id}: {item.failure.reason if item.failure else ''}", err=True)
-    allowed = settings.lanes.cpu_lane.max_failure_ratio if max_failure_ratio is None else max_failure_ratio
-    if s.failure_ratio > allowed:
+    allowed = lanes.cpu_lane.max_failure_ratio
+    if over_failure_ratio(s.failed, s.items, allowed):
         raise click.ClickException(f"{s.failure_ratio:.0%} of items failed (allowed {allowed:.0%})")
 
 

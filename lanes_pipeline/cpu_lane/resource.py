@@ -9,7 +9,11 @@ set to the server's slots (lanes_pipeline/instance.py); every batch, in any proc
 two runs share the server's slots instead of doubling the queue.
 
 Bandwidth: while the GPU lane is busy (vLLM's running requests above `gpu_busy_above`), a batch keeps at
-most `min_in_flight` requests in flight (lanes/bandwidth.py); `yield_to_gpu: false` turns this off.
+most `cpu_min_in_flight` requests in flight (bandwidth.py); `yield_to_gpu: false` turns this off.
+
+Failures: one gate, `cpu_lane.max_failure_ratio`, read from the resource's config by the CPU-lane assets
+(requests that failed for transient reasons) and by `lanes cpu batch` (failed items), through
+`over_failure_ratio`.
 """
 
 from __future__ import annotations
@@ -18,19 +22,19 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Protocol
 
-from dagster import Failure, MetadataValue
+from dagster import MetadataValue
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
 from lanes_pipeline.cpu_lane.bandwidth import YieldEvent, YieldPolicy, yielding_to_gpu
 from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
-from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, ProgressCallback
 from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.embedded.lane_resource import LaneResource
+from lanes_pipeline.embedded.lane_resource import LaneEndpoint
 from lanes_pipeline.embedded.servers import LaneName, running_embedded_url
-from lanes_pipeline.settings import EMBEDDED, BandwidthConfig, CpuLane, GpuLane, data_dir
+from lanes_pipeline.settings import BandwidthConfig, CpuLane, GpuLane, LanesConfig, data_dir
 
 
 class InfoLog(Protocol):
@@ -58,96 +62,67 @@ def default_cache_path() -> Path:
     return data_dir() / "cache" / "cpu_lane.sqlite3"
 
 
-class CpuLaneResource(LaneResource):
-    """Batch work for the CPU lane; `embedded` finds or starts the bundled llama-server."""
+class CpuLaneResource(LaneEndpoint):
+    """Batch work for the CPU lane; `embedded` finds or starts the bundled llama-server.
+
+    Its settings are the config models themselves (configs/lanes.yaml), nested: `config` the lane,
+    `bandwidth` how it yields, `gpu` the GPU lane it yields to (`embedded` watches the embedded one when it
+    runs, and never starts one for this). Nothing here declares a setting or its default again."""
 
     lane: ClassVar[LaneName] = "cpu"
 
-    model_alias: str = "smollm2"
-    max_slots: int = 2
-    model: str = "smollm2-135m-instruct-q4_1"  # the configured name: part of the weights fingerprint
-    cache_path: str | None = None
-    overflow: Literal["error", "shrink"] = "error"
-    ready_timeout_s: float = 600.0
-    max_failure_ratio: float = 0.1
-    # Yielding to the GPU lane (configs/lanes.yaml `bandwidth`). `gpu_url: embedded` watches the embedded
-    # GPU lane when one is running, and never starts one for this.
-    yield_to_gpu: bool = True
-    gpu_url: str = EMBEDDED
-    gpu_api_key_env: str | None = None
-    gpu_busy_above: int = 0
-    min_in_flight: int = 1
-    bandwidth_quiet_s: float = 5.0
-    bandwidth_poll_s: float = 1.0
+    config: CpuLane = CpuLane()
+    bandwidth: BandwidthConfig = BandwidthConfig()
+    gpu: GpuLane = GpuLane()
 
     @classmethod
-    def from_config(
-        cls,
-        config: CpuLane,
-        base_url: str | None = None,
-        bandwidth: BandwidthConfig | None = None,
-        gpu: GpuLane | None = None,
-    ) -> CpuLaneResource:
-        """`base_url` overrides the configured one: the URL of a server `running_lanes` already resolved.
-        `bandwidth` and `gpu` (the GPU lane it yields to) come from the same lanes.yaml."""
-        fields = {**cls.connection_fields(config), **({"base_url": base_url} if base_url else {})}
-        if bandwidth is not None:
-            fields |= {
-                "yield_to_gpu": bandwidth.yield_to_gpu,
-                "gpu_busy_above": bandwidth.gpu_busy_above,
-                "min_in_flight": bandwidth.cpu_min_in_flight,
-                "bandwidth_quiet_s": bandwidth.quiet_s,
-                "bandwidth_poll_s": bandwidth.poll_s,
-            }
-        if gpu is not None:
-            fields |= {"gpu_url": gpu.base_url, "gpu_api_key_env": gpu.api_key_env}
-        return cls(
-            **fields,
-            model_alias=config.model_alias,
-            max_slots=config.max_slots,
-            model=config.model,
-            cache_path=config.cache_path,
-            overflow=config.overflow,
-            ready_timeout_s=config.ready_timeout_s,
-            max_failure_ratio=config.max_failure_ratio,
+    def from_lanes(cls, lanes: LanesConfig, base_url: str | None = None) -> CpuLaneResource:
+        """The resource of a lanes.yaml; `base_url` overrides the configured one: the URL of a server
+        `running_lanes` already resolved."""
+        config = (
+            lanes.cpu_lane if base_url is None else lanes.cpu_lane.model_copy(update={"base_url": base_url})
         )
+        return cls(config=config, bandwidth=lanes.bandwidth, gpu=lanes.gpu_lane)
+
+    def connection(self) -> CpuLane:
+        return self.config
 
     def cpu_client(self) -> CpuClient:
         return CpuClient(
             self.url,
             self.api_key(),
-            timeout_s=self.request_timeout_s,
-            connect_timeout_s=self.connect_timeout_s,
+            timeout_s=self.config.request_timeout_s,
+            connect_timeout_s=self.config.connect_timeout_s,
             retry=self.retry_policy(),
         )
 
     def resolved_cache_path(self) -> Path:
-        return Path(self.cache_path) if self.cache_path else default_cache_path()
+        return Path(self.config.cache_path) if self.config.cache_path else default_cache_path()
 
     def batch_config(self) -> BatchConfig:
         return BatchConfig(
-            model_alias=self.model_alias,
-            configured_model=self.model,
-            max_slots=self.max_slots,
-            overflow=self.overflow,
-            ready_timeout_s=self.ready_timeout_s,
+            model_alias=self.config.model_alias,
+            configured_model=self.config.model,
+            max_slots=self.config.max_slots,
+            overflow=self.config.overflow,
+            ready_timeout_s=self.config.ready_timeout_s,
             lease_dir=data_dir() / "run" / "cpu-lane-slots",
         )
 
     def yield_policy(self) -> YieldPolicy:
         return YieldPolicy(
-            gpu_busy_above=self.gpu_busy_above,
-            cpu_min_in_flight=self.min_in_flight,
-            quiet_s=self.bandwidth_quiet_s,
-            poll_s=self.bandwidth_poll_s,
+            gpu_busy_above=self.bandwidth.gpu_busy_above,
+            cpu_min_in_flight=self.bandwidth.cpu_min_in_flight,
+            quiet_s=self.bandwidth.quiet_s,
+            poll_s=self.bandwidth.poll_s,
         )
 
     def gpu_metrics_url(self) -> str | None:
         """The GPU lane to yield to, without starting one: None when off or when no embedded one runs."""
-        if not self.yield_to_gpu:
+        if not self.bandwidth.yield_to_gpu:
             return None
-        if self.gpu_url != EMBEDDED:
-            return self.gpu_url
+        if not self.gpu.is_embedded:
+            return self.gpu.base_url
         return running_embedded_url(data_dir(), "gpu")
 
     def run_batch(
@@ -176,7 +151,7 @@ class CpuLaneResource(LaneResource):
                 )
                 log.info(f"CPU lane {label}: {state}")
 
-        gpu_api_key = os.environ.get(self.gpu_api_key_env) if self.gpu_api_key_env else None
+        gpu_api_key = os.environ.get(self.gpu.api_key_env) if self.gpu.api_key_env else None
         with (
             self.cpu_client() as client,
             ResponseCache(self.resolved_cache_path()) as cache,
@@ -195,19 +170,10 @@ class CpuLaneResource(LaneResource):
             )
         return result
 
-    def check_failures(self, result: BatchResult, max_ratio: float | None = None) -> None:
-        """Fail the asset when more items failed than the configured ratio allows (the caller decides)."""
-        allowed = self.max_failure_ratio if max_ratio is None else max_ratio
-        if result.summary.failure_ratio <= allowed:
-            return
-        raise Failure(
-            description=(
-                f"{result.summary.failed} of {result.summary.items} CPU-lane items failed "
-                f"({result.summary.failure_ratio:.0%} > allowed {allowed:.0%}); answers so far are cached, "
-                f"so a re-run asks only for the missing ones"
-            ),
-            metadata=batch_metadata(result),
-        )
+
+def over_failure_ratio(failed: int, total: int, allowed: float) -> bool:
+    """The one failure gate: more than `allowed` (cpu_lane.max_failure_ratio) of `total` failed."""
+    return total > 0 and failed / total > allowed
 
 
 def _percent(value: float | None) -> str:
@@ -224,13 +190,16 @@ def batch_metadata(result: BatchResult) -> dict[str, Any]:
         metadata |= {f"cpu_lane/{k}": v for k, v in result.bandwidth.metadata().items()}
     failed = result.failed()
     if failed:
-        rows = ["| item | kind | reason |", "|---|---|---|"]
-        for item in failed[:50]:
-            reason = (
-                (item.failure.reason if item.failure else "").replace("|", "\\|").replace("\n", " ")[:300]
-            )
-            rows.append(f"| {item.id} | {item.failure.kind if item.failure else ''} | {reason} |")
-        if len(failed) > 50:
-            rows.append(f"| ... | | {len(failed) - 50} more |")
-        metadata["cpu_lane/failures"] = MetadataValue.md("\n".join(rows))
+        metadata["cpu_lane/failures"] = failures_table(failed)
     return metadata
+
+
+def failures_table(failed: Sequence[ItemResult]) -> MetadataValue:
+    """Failed items as a Markdown table: item, kind, reason (the first 50)."""
+    rows = ["| item | kind | reason |", "|---|---|---|"]
+    for item in failed[:50]:
+        reason = (item.failure.reason if item.failure else "").replace("|", "\\|").replace("\n", " ")[:300]
+        rows.append(f"| {item.id} | {item.failure.kind if item.failure else ''} | {reason} |")
+    if len(failed) > 50:
+        rows.append(f"| ... | | {len(failed) - 50} more |")
+    return MetadataValue.md("\n".join(rows))

@@ -35,7 +35,7 @@ def _result(result: ProbeResult, url: str) -> MaterializeResult:
 @with_host_figures
 def cpu_lane_probe(context: AssetExecutionContext, cpu_lane: CpuLaneResource) -> MaterializeResult:
     with cpu_lane.client() as client:
-        result = probe(client, cpu_lane.model_alias)
+        result = probe(client, cpu_lane.config.model_alias)
     context.log.info(f"CPU lane answered at {result.generation_tokens_per_s} tok/s: {result.answer[:80]!r}")
     return _result(result, cpu_lane.url)
 

@@ -34,10 +34,54 @@ def resolve_lane_url(lane: LaneName, base_url: str) -> tuple[str, EmbeddedServer
     return server.url, server
 
 
-class LaneResource(ConfigurableResource):
-    """Base of CpuLaneResource and GpuLaneResource; `lane` says which one."""
+class LaneEndpoint(ConfigurableResource):
+    """Base of both lane resources: where the lane is and how to reach it (`connection()`), resolved once
+    per run; `lane` says which one. The CPU lane's resource holds its config model, so `connection()` is that
+    model and no setting is declared twice; LaneResource below keeps flat fields (the GPU lane's)."""
 
     lane: ClassVar[LaneName]
+
+    _url: str | None = PrivateAttr(default=None)
+    _owned_server: EmbeddedServer | None = PrivateAttr(default=None)
+
+    def connection(self) -> LaneConnection:
+        raise NotImplementedError(f"{type(self).__name__} must say where its lane is")
+
+    def retry_policy(self) -> RetryPolicy:
+        return self.connection().retry_policy()
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._url, self._owned_server = resolve_lane_url(self.lane, self.connection().base_url)
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self._owned_server is not None:
+            self._owned_server.stop()
+            self._owned_server = None
+
+    @property
+    def url(self) -> str:
+        if self._url is None:  # used outside a run (CLI, tests)
+            self._url, self._owned_server = resolve_lane_url(self.lane, self.connection().base_url)
+        return self._url
+
+    def api_key(self) -> str | None:
+        name = self.connection().api_key_env
+        return os.environ.get(name) if name else None
+
+    def client(self) -> OpenAIClient:
+        connection = self.connection()
+        return OpenAIClient(
+            LANE_LABEL[self.lane],
+            self.url,
+            self.api_key(),
+            timeout_s=connection.request_timeout_s,
+            connect_timeout_s=connection.connect_timeout_s,
+            retry=self.retry_policy(),
+        )
+
+
+class LaneResource(LaneEndpoint):
+    """A lane endpoint with its connection as flat fields (the GPU lane's resource)."""
 
     base_url: str = "embedded"
     api_key_env: str | None = None
@@ -47,9 +91,6 @@ class LaneResource(ConfigurableResource):
     max_attempts: int = RetryPolicy().max_attempts
     backoff_base_s: float = RetryPolicy().backoff_base_s
     backoff_max_s: float = RetryPolicy().backoff_max_s
-
-    _url: str | None = PrivateAttr(default=None)
-    _owned_server: EmbeddedServer | None = PrivateAttr(default=None)
 
     @staticmethod
     def connection_fields(lane: LaneConnection) -> dict[str, object]:
@@ -61,36 +102,14 @@ class LaneResource(ConfigurableResource):
             **lane.retry_policy().model_dump(),
         }
 
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(
+    def connection(self) -> LaneConnection:
+        # Not validated again: these values came from a validated LaneConnection (or a test's URL).
+        return LaneConnection.model_construct(
+            base_url=self.base_url,
+            api_key_env=self.api_key_env,
+            request_timeout_s=self.request_timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
             max_attempts=self.max_attempts,
             backoff_base_s=self.backoff_base_s,
             backoff_max_s=self.backoff_max_s,
-        )
-
-    def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._url, self._owned_server = resolve_lane_url(self.lane, self.base_url)
-
-    def teardown_after_execution(self, context: InitResourceContext) -> None:
-        if self._owned_server is not None:
-            self._owned_server.stop()
-            self._owned_server = None
-
-    @property
-    def url(self) -> str:
-        if self._url is None:  # used outside a run (CLI, tests)
-            self._url, self._owned_server = resolve_lane_url(self.lane, self.base_url)
-        return self._url
-
-    def api_key(self) -> str | None:
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
-
-    def client(self) -> OpenAIClient:
-        return OpenAIClient(
-            LANE_LABEL[self.lane],
-            self.url,
-            self.api_key(),
-            timeout_s=self.request_timeout_s,
-            connect_timeout_s=self.connect_timeout_s,
-            retry=self.retry_policy(),
         )

@@ -33,7 +33,7 @@ from lanes_pipeline.errors import EmbeddedStartError, LaneUnreachableError, Port
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource
 from lanes_pipeline.http import OpenAIClient
 from lanes_pipeline.probe import probe
-from lanes_pipeline.settings import Settings, load_settings, project_root
+from lanes_pipeline.settings import CpuLane, Settings, load_settings, project_root
 from lanes_pipeline_tests.daily.fixtures import daily_project
 
 
@@ -60,7 +60,7 @@ def test_probe_assets_materialize_against_real_lanes(
     result = materialize(
         [cpu_lane_probe, gpu_lane_probe],
         resources={
-            "cpu_lane": CpuLaneResource(base_url=cpu_server.url),
+            "cpu_lane": CpuLaneResource(config=CpuLane(base_url=cpu_server.url)),
             "gpu_lane": GpuLaneResource(base_url=gpu_server.url),
         },
         instance=DagsterInstance.ephemeral(),

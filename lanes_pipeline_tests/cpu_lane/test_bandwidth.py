@@ -31,7 +31,14 @@ from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource
 from lanes_pipeline.http import ChatMessage, ChatRequest
-from lanes_pipeline.settings import BandwidthConfig, ConfigError, Settings, load_settings, project_root
+from lanes_pipeline.settings import (
+    BandwidthConfig,
+    ConfigError,
+    CpuLane,
+    Settings,
+    load_settings,
+    project_root,
+)
 from lanes_pipeline_tests.cpu_lane.fixtures import questions
 
 # -- decisions ---------------------------------------------------------------------------------------------
@@ -254,12 +261,13 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
 ) -> None:
     """Through the CPU-lane resource as the assets use it: vLLM busy -> one request in flight on
     llama-server; vLLM quiet for quiet_s -> both slots again. Seen by the servers' own /metrics."""
-    cpu_lane = CpuLaneResource.from_config(
-        settings.lanes.cpu_lane,
-        base_url=cpu_server.url,
+    cpu_lane = CpuLaneResource(
+        config=settings.lanes.cpu_lane.model_copy(
+            update={"base_url": cpu_server.url, "cache_path": str(tmp_path / "cache.sqlite3")}
+        ),
         bandwidth=BandwidthConfig(gpu_busy_above=0, cpu_min_in_flight=1, quiet_s=1.5, poll_s=0.1),
         gpu=settings.lanes.gpu_lane.model_copy(update={"base_url": gpu_server.url}),
-    ).model_copy(update={"cache_path": str(tmp_path / "cache.sqlite3")})
+    )
     load = InteractiveLoad(gpu_server.url, settings.lanes.gpu_lane.served_model_name, max_tokens=16).start()
     items = 64  # the first two run under load; the rest outlast the load's drain and quiet_s
     try:
@@ -317,7 +325,8 @@ def test_training_waits_while_a_cpu_lane_batch_holds_the_bandwidth(
     assert idle is not None and idle.quiet and idle.polls == 1 and idle.waited_s < 1
 
     cpu_lane = CpuLaneResource(
-        base_url=cpu_server.url, yield_to_gpu=False, cache_path=str(tmp_path / "cache.sqlite3")
+        config=CpuLane(base_url=cpu_server.url, cache_path=str(tmp_path / "cache.sqlite3")),
+        bandwidth=BandwidthConfig(yield_to_gpu=False),
     )
     finished: list[float] = []
     batch = threading.Thread(

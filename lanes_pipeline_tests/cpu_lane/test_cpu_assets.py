@@ -36,7 +36,7 @@ from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.prometheus import MetricsSnapshot
-from lanes_pipeline.settings import Settings, load_settings
+from lanes_pipeline.settings import CpuLane, Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
 
 # 5 runs of the whole chain, about six CPU-lane requests (plus repairs): a few minutes on two idle cores.
@@ -187,7 +187,9 @@ class Pipeline:
         (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
         self.store = ArtifactStore(root / "artifacts")
         self.resources = {
-            "cpu_lane": CpuLaneResource(base_url=server.url, cache_path=str(root / "cache.sqlite3")),
+            "cpu_lane": CpuLaneResource(
+                config=CpuLane(base_url=server.url, cache_path=str(root / "cache.sqlite3"))
+            ),
             "artifact_store": ArtifactStoreResource(root=str(self.store.root)),
             "pipeline_settings": PipelineSettingsResource(config_dir=str(config_dir)),
         }

@@ -12,7 +12,7 @@ from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.errors import AuthenticationError, LaneError
-from lanes_pipeline.settings import RetryPolicy, Settings
+from lanes_pipeline.settings import CpuLane, RetryPolicy, Settings
 from lanes_pipeline_tests.cpu_lane.fixtures import (
     batch_config,
     first_done,
@@ -120,7 +120,11 @@ def test_a_wrong_api_key_is_a_clear_error(
         with pytest.raises(AuthenticationError):  # no key at all
             run_batch(server.url, tmp_path / "c.sqlite3", config, questions(1))
         resource = CpuLaneResource(
-            base_url=server.url, api_key_env="LANES_TEST_WRONG_KEY", cache_path=str(tmp_path / "r.sqlite3")
+            config=CpuLane(
+                base_url=server.url,
+                api_key_env="LANES_TEST_WRONG_KEY",
+                cache_path=str(tmp_path / "r.sqlite3"),
+            )
         )
         with pytest.raises(AuthenticationError, match="refused the API key"):
             resource.run_batch(questions(1))

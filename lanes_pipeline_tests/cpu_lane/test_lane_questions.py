@@ -23,6 +23,7 @@ from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, Item
 from lanes_pipeline.cpu_lane.batch_summary import summarize
 from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
 from lanes_pipeline.cpu_lane.tasks import WRITE_TESTS
+from lanes_pipeline.settings import CpuLane
 from lanes_pipeline.store import ArtifactStore
 
 SOURCES = {"ok.py": "def ok():\n    return 1\n", "bad.py": "def bad():\n    pass\n", "down.py": "X = 1\n"}
@@ -30,11 +31,10 @@ SOURCES = {"ok.py": "def ok():\n    return 1\n", "bad.py": "def bad():\n    pass
 
 class ScriptedLane:
     """Answers each file by its name: ok.py is answered, bad.py is unparseable, down.py finds the server
-    down. Records which items every batch asked for."""
+    down. Records which items every batch asked for. `config` is the lane's, as on CpuLaneResource."""
 
-    model = "scripted"
-
-    def __init__(self) -> None:
+    def __init__(self, config: CpuLane | None = None) -> None:
+        self.config = config or CpuLane()
         self.batches: list[list[str]] = []
 
     def run_batch(self, requests: Sequence[BatchRequest], log: Any = None, label: str = "") -> BatchResult:
@@ -108,12 +108,20 @@ def test_too_many_transient_failures_fail_the_asset_and_say_what_is_kept(
 ) -> None:
     snapshot, repo = snapshot_and_repo
     memo = Memo(ArtifactStore(tmp_path / "artifacts"), "write_tests")
-    lane = LaneQuestions("generated_tests", ScriptedLane(), memo, log=None)  # type: ignore[arg-type]
+    scripted = ScriptedLane()
+    lane = LaneQuestions("generated_tests", scripted, memo, log=None)  # type: ignore[arg-type]
     _ask(lane, snapshot, repo)
-    lane.check_failures(max_ratio=0.5)  # 1 of 3: within the limit
-    with pytest.raises(Failure) as caught:
-        lane.check_failures(max_ratio=0.25)
+    # The one gate: the lane's cpu_lane.max_failure_ratio.
+    scripted.config = CpuLane(max_failure_ratio=0.5)
+    lane.check_failures()  # 1 of 3: within the limit
+    scripted.config = CpuLane(max_failure_ratio=0.25)
+    with pytest.raises(Failure, match="1 of 3 requests failed") as caught:
+        lane.check_failures()
     assert caught.value.description == (
         "generated_tests: 1 of 3 requests failed for transient reasons (> 25%); the answers so far are "
         "remembered, a re-run asks only for the rest"
     )
+    # Which requests failed, and why, goes with the failure (moved from the resource's removed gate).
+    metadata = caught.value.metadata or {}
+    assert "cpu_lane/failures" in metadata
+    assert "demo:down.py | unreachable | unreachable answer" in metadata["cpu_lane/failures"].value

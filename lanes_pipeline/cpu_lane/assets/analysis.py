@@ -83,7 +83,7 @@ def repo_analysis(
         if snapshot.commit is None:
             continue
         max_tokens = config.analysis_max_tokens
-        keys = {f.path: analysis_key(cpu_lane.model, f.blob, max_tokens) for f in snapshot.files}
+        keys = {f.path: analysis_key(cpu_lane.config.model, f.blob, max_tokens) for f in snapshot.files}
         known = lane.answers(
             snapshot,
             repo_location(settings, entries[snapshot.repo]),
@@ -103,7 +103,7 @@ def repo_analysis(
                 value["accepted"] = problem is None
                 value["reason"] = problem or ""
             files_out.append({"path": file.path, "blob": file.blob, **value})
-    lane.check_failures(config.max_failure_ratio)
+    lane.check_failures()
     report = render_report(repos_out)
     content_hash = write_partition(
         store, "repo_analysis", context.partition_key, {"results.json": repos_out, "report.md": report}

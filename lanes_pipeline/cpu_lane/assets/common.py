@@ -19,7 +19,7 @@ from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import ItemResult
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
 from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, read_blobs
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource, failures_table, over_failure_ratio
 from lanes_pipeline.cpu_lane.sample_repo import EMBEDDED_REPO, ensure_sample_repo
 from lanes_pipeline.settings import RepoEntry, Settings
 from lanes_pipeline.store import ArtifactStore, canonical_json, sha256_bytes, sha256_tree
@@ -144,7 +144,8 @@ class LaneQuestions:
     def __init__(self, asset: str, cpu_lane: CpuLaneResource, memo: Memo, log: Any) -> None:
         self.asset, self.cpu_lane, self.memo, self.log = asset, cpu_lane, memo, log
         self.usage = LaneUsage()
-        self.asked = self.transient = 0
+        self.asked = 0
+        self.failures: list[ItemResult] = []  # the transient ones: asked again next run
 
     def answers(
         self,
@@ -176,21 +177,30 @@ class LaneQuestions:
         for file, item in zip(missing, result.results, strict=True):
             value = shape(item)
             if value is None or is_transient(item):
-                self.transient += 1
+                self.failures.append(item)
             else:
                 self.memo.put(keys[file.path], value)
             known[file.path] = value
         return known
 
-    def check_failures(self, max_ratio: float) -> None:
-        """Fail the asset when too many requests failed transiently; what was answered stays remembered."""
-        if self.asked and self.transient / self.asked > max_ratio:
+    def check_failures(self) -> None:
+        """The failure gate (cpu_lane.max_failure_ratio): fail the asset when too many requests failed
+        transiently; what was answered stays remembered. The failures, each with its reason, go with it."""
+        allowed = self.cpu_lane.config.max_failure_ratio
+        if over_failure_ratio(len(self.failures), self.asked, allowed):
             raise Failure(
-                description=f"{self.asset}: {self.transient} of {self.asked} requests failed for transient "
-                f"reasons (> {max_ratio:.0%}); the answers so far are remembered, a re-run asks only for "
-                "the rest",
-                metadata=self.usage.metadata(self.memo.hits),
+                description=f"{self.asset}: {len(self.failures)} of {self.asked} requests failed for "
+                f"transient reasons (> {allowed:.0%}); the answers so far are remembered, a re-run asks only "
+                "for the rest",
+                metadata={
+                    **self.usage.metadata(self.memo.hits),
+                    "cpu_lane/failures": failures_table(self.failures),
+                },
             )
+
+    @property
+    def transient(self) -> int:
+        return len(self.failures)
 
     def metadata(self) -> dict[str, Any]:
         return {"asked_this_run": self.asked, **self.usage.metadata(self.memo.hits)}

@@ -63,7 +63,7 @@ def refactor_proposals(
         repo = repo_location(settings, entries[snapshot.repo])
         keys = {
             f.path: memo_key(
-                "refactor_diff", TASKS_VERSION, cpu_lane.model, f.blob, config.refactor_max_tokens
+                "refactor_diff", TASKS_VERSION, cpu_lane.config.model, f.blob, config.refactor_max_tokens
             )
             for f in targets
         }
@@ -120,7 +120,7 @@ def refactor_proposals(
                     check = {"verdict": judged.verdict, "reason": judged.reason[:600]}
                 checks.put(check_key, check)
             items.append({**base, "diff": parsed.text, **check})
-    lane.check_failures(config.max_failure_ratio)
+    lane.check_failures()
     content_hash = write_partition(
         store, "refactor_proposals", context.partition_key, {"results.json": items}
     )

@@ -89,7 +89,7 @@ def generated_tests(
             f.path: memo_key(
                 "write_tests",
                 TASKS_VERSION,
-                cpu_lane.model,
+                cpu_lane.config.model,
                 f.blob,
                 module_name(f.path),
                 notes[f.path],
@@ -141,7 +141,7 @@ def generated_tests(
                 }
                 verdicts.put(verdict_key, verdict)
             items.append({**base, "code": code, **verdict})
-    lane.check_failures(config.max_failure_ratio)
+    lane.check_failures()
     content_hash = write_partition(store, "generated_tests", context.partition_key, {"results.json": items})
     counts = Counter(item["verdict"] for item in items)
     accepted = counts.get("passed", 0)
