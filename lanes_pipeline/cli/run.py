@@ -1,5 +1,6 @@
 """`lanes run`: the whole daily pipeline once. Start the lanes, ask each one thing, run `daily_lanes` for a
-day (yesterday by default) on the project's instance, print a summary, stop the lanes."""
+day (yesterday by default) on the project's instance, print a summary, stop the lanes. Ctrl-C, SIGTERM or
+SIGHUP stop the run (Dagster marks it canceled) and the lanes it started."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from zoneinfo import ZoneInfo
 import click
 
 from lanes_pipeline.cli.run_summary import AssetOutcome, LaneDeltas, ServedState, render, summarize_day
+from lanes_pipeline.cli.stopping import stop_like_ctrl_c
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.daily.instance import in_process_run_tags, prepare_instance, use_project_instance
 from lanes_pipeline.embedded.servers import LANE_LABEL, LaneEndpoints, LaneName, running_lanes
@@ -120,6 +122,16 @@ def _outcomes(result: Any, selected: list[str], partition: str | None) -> list[A
     return outcomes
 
 
+def _stop_if_interrupted(result: Any) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP during `execute_in_process` stop the run at its next checkpoint, and Dagster
+    records it as failed for an unexpected termination and returns (raise_on_error=False) instead of raising:
+    the command must stop there too, not go on with the day."""
+    failure = result.get_run_failure_event()
+    reason = getattr(failure.job_failure_data, "failure_reason", None) if failure else None
+    if reason is not None and reason.value == "UNEXPECTED_TERMINATION":
+        raise KeyboardInterrupt
+
+
 def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[str, bool, list[str]]:
     """Run `daily_lanes` in this process: the unpartitioned lane probes, then the day's partition of every
     other asset, with the lanes' counters read around the latter. Returns the summary, success, failures."""
@@ -142,6 +154,7 @@ def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[s
         probes = job.execute_in_process(
             instance=instance, asset_selection=unpartitioned, tags=tags, raise_on_error=False
         )
+        _stop_if_interrupted(probes)
         rows += _outcomes(probes, [k.to_user_string() for k in unpartitioned], None)
         failures += [] if probes.success else ["lane probes"]
     # The probe assets are the run's one request to each lane: printed now, summarized at the end.
@@ -158,6 +171,7 @@ def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[s
         tags=tags,
         raise_on_error=False,
     )
+    _stop_if_interrupted(result)
     after = _read_counters(settings, endpoints)
     rows += _outcomes(result, [k.to_user_string() for k in partitioned], partition)
     failures += [r.asset for r in rows if r.status == "failed"]
@@ -187,6 +201,7 @@ def yesterday(settings: Settings) -> date:
 def run(day: datetime | None) -> None:
     """The whole daily pipeline: start the lanes, probe each, run daily_lanes for a day, summarize, stop."""
     started = time.perf_counter()
+    stop_like_ctrl_c()
     try:
         settings = load_settings()
         partition = day.date() if day else yesterday(settings)
@@ -200,6 +215,9 @@ def run(day: datetime | None) -> None:
             click.echo(f"\n[lanes] running daily_lanes for {partition.isoformat()}")
             summary, success, failures = _run_day(settings, endpoints, partition)
             click.echo("[lanes] stopping the lanes")
+    except KeyboardInterrupt:
+        click.echo("[lanes] interrupted; the run is stopped and the lanes it started are down", err=True)
+        raise click.exceptions.Exit(130) from None
     except (ConfigError, LaneError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo("\nSummary")

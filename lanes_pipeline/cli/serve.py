@@ -1,13 +1,13 @@
 """`lanes serve cpu|gpu|all`: start the embedded (or check the external) lanes and keep them up until
-Ctrl-C or SIGTERM, then stop them cleanly."""
+Ctrl-C, SIGTERM or SIGHUP, then stop them cleanly."""
 
 from __future__ import annotations
 
-import signal
 import threading
 
 import click
 
+from lanes_pipeline.cli.stopping import stop_like_ctrl_c
 from lanes_pipeline.embedded.servers import LaneName, running_lanes
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.settings import ConfigError, load_settings
@@ -18,10 +18,10 @@ WHICH: dict[str, tuple[LaneName, ...]] = {"cpu": ("cpu",), "gpu": ("gpu",), "all
 @click.command()
 @click.argument("which", type=click.Choice(sorted(WHICH)), default="all")
 def serve(which: str) -> None:
-    """Start the lanes, print their URLs, and stop them on Ctrl-C / SIGTERM."""
-    # SIGTERM unwinds like Ctrl-C, also while a server is still starting, so running_lanes' cleanup
-    # stops every server it started: no orphans.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    """Start the lanes, print their URLs, and stop them on Ctrl-C / SIGTERM / SIGHUP."""
+    # SIGTERM and SIGHUP unwind like Ctrl-C, also while a server is still starting, so running_lanes'
+    # cleanup stops every server it started: no orphans.
+    stop_like_ctrl_c()
     try:
         settings = load_settings()
         with running_lanes(settings, WHICH[which]) as endpoints:
@@ -36,7 +36,3 @@ def serve(which: str) -> None:
         click.echo("interrupted; lanes stopped", err=True)
     except (ConfigError, LaneError) as exc:
         raise click.ClickException(str(exc)) from None
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
