@@ -31,7 +31,7 @@ from lanes_pipeline.errors import (
     PortInUseError,
     log_tail,
 )
-from lanes_pipeline.settings import Settings
+from lanes_pipeline.settings import CpuLane, GpuLane, Settings
 
 LaneName = Literal["cpu", "gpu"]
 LANE_LABEL: dict[LaneName, str] = {"cpu": "CPU", "gpu": "GPU"}
@@ -68,9 +68,7 @@ class ServerCommand:
     ready_path: str  # GET this until 200
 
 
-def llama_server_command(settings: Settings, port: int) -> ServerCommand:
-    lane = settings.lanes.cpu_lane
-    data = settings.data_dir
+def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
     binary = engines.llama_server_binary(data)
     argv = [
         str(binary),
@@ -91,9 +89,7 @@ def llama_server_command(settings: Settings, port: int) -> ServerCommand:
     return ServerCommand("cpu", argv, env, port, "/health")
 
 
-def vllm_server_command(settings: Settings, port: int) -> ServerCommand:
-    lane = settings.lanes.gpu_lane
-    data = settings.data_dir
+def vllm_server_command(lane: GpuLane, data: Path, port: int) -> ServerCommand:
     python = engines.vllm_python(data)
     model_dir = engines.embedded_hf_model(data)
     argv = [
@@ -202,11 +198,12 @@ class EmbeddedServer:
         _signal_group(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            pass  # too slow, or a second Ctrl-C / SIGTERM: no more waiting
+        finally:
+            # A server that did not stop, and anything it forked and left behind in its group, goes too.
             _signal_group(process.pid, signal.SIGKILL)
             process.wait(timeout=STOP_GRACE_S)
-        # Anything the server forked and left behind in its group goes too.
-        _signal_group(process.pid, signal.SIGKILL)
 
     def kill(self) -> None:
         """SIGKILL the whole group at once: what a crash looks like, for resume tests."""
@@ -252,9 +249,21 @@ def build_server(
 ) -> EmbeddedServer:
     """An embedded server for `lane`, not yet started; `port` overrides the configured one (0: any free)."""
     config = settings.lanes.cpu_lane if lane == "cpu" else settings.lanes.gpu_lane
+    return build_lane_server(config, settings.data_dir, port, publish)
+
+
+def build_lane_server(
+    config: CpuLane | GpuLane, data_dir: Path, port: int | None = None, publish: bool = True
+) -> EmbeddedServer:
+    """The embedded server of the lane `config` describes (a resource's own lane config, whatever folder it
+    was read from), not yet started."""
+    lane: LaneName = "cpu" if isinstance(config, CpuLane) else "gpu"
     port = choose_port(lane, config.embedded.port if port is None else port)
-    command = llama_server_command(settings, port) if lane == "cpu" else vllm_server_command(settings, port)
-    return EmbeddedServer(command, settings.data_dir, config.ready_timeout_s, publish=publish)
+    if isinstance(config, CpuLane):
+        command = llama_server_command(config, data_dir, port)
+    else:
+        command = vllm_server_command(config, data_dir, port)
+    return EmbeddedServer(command, data_dir, config.ready_timeout_s, publish=publish)
 
 
 def check_reachable(lane: LaneName, url: str, api_key: str | None, timeout_s: float) -> None:
