@@ -8,11 +8,18 @@ run starts.
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
+import tempfile
 import time
 from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import click
 
+from lanes_pipeline.cli.stopping import child_group, stop_like_ctrl_c
 from lanes_pipeline.daily.instance import prepare_instance, use_project_instance
 from lanes_pipeline.settings import ConfigError, load_settings
 
@@ -21,6 +28,7 @@ TERMINAL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CAN
 # The daemons that turn a backfill into runs and run them; without them a backfill waits.
 NEEDED_DAEMONS = ("BACKFILL", "QUEUED_RUN_COORDINATOR")
 HEARTBEAT_FRESH_S = 120
+BACKFILL_ID_TAG = "dagster/backfill"  # the tag Dagster puts on each run of a backfill
 
 
 def day_range(first: date, last: date) -> list[str]:
@@ -29,41 +37,83 @@ def day_range(first: date, last: date) -> list[str]:
     return [(first + timedelta(days=n)).isoformat() for n in range((last - first).days + 1)]
 
 
-def submit_backfill(days: list[str], title: str) -> str:
-    """Add an asset backfill of every daily asset of daily_lanes for `days`; return its id."""
-    from dagster import DagsterInstance
-    from dagster._core.execution.backfill import PartitionBackfill
-    from dagster._core.utils import make_new_backfill_id
+# How the backfill is submitted, with public Dagster APIs only. Dagster's own Python constructor of an asset
+# backfill is private; `dagster job backfill` submits every day's run at once as a job backfill (no asset
+# backfill status to wait for); `DagsterGraphQLClient` needs a running webserver, and `make dev` may not run
+# one (the daemon alone runs backfills). The `dagster-graphql` CLI runs the UI's own mutation,
+# `launchPartitionBackfill`, against the workspace in a process of its own, on the instance of
+# DAGSTER_HOME: the same asset backfill the UI's "Materialize" of a partition range submits, which the
+# daemon then turns into one run per day, oldest first.
+LAUNCH_BACKFILL = """
+mutation LanesBackfill($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PartitionKeysNotFoundError { partitionKeys }
+    ... on Error { message }
+  }
+}
+"""
+# Loading the workspace starts a code server; a stopped submission stops it too.
+SUBMIT_GRACE_S = 10.0
 
+
+def daily_asset_keys(days: list[str]) -> list[list[str]]:
+    """Every daily (partitioned) asset of daily_lanes, which selects every asset, as GraphQL asset keys;
+    `days` must be daily partitions already."""
     from lanes_pipeline import definitions  # read at call time: tests swap in their own definitions
 
-    instance = DagsterInstance.get()
-    defs = definitions.defs()
-    graph = defs.get_repository_def().asset_graph
-    job = defs.resolve_job_def(DAILY_JOB)
-    daily = [
-        key
-        for key in graph.toposorted_asset_keys
-        if key in job.asset_layer.executable_asset_keys and graph.get(key).partitions_def is not None
-    ]
-    unknown = set(days) - set(graph.get(daily[0]).partitions_def.get_partition_keys())  # type: ignore[union-attr]
+    specs = [spec for spec in definitions.defs().resolve_all_asset_specs() if spec.partitions_def is not None]
+    known = set(specs[0].partitions_def.get_partition_keys())  # type: ignore[union-attr]
+    unknown = set(days) - known
     if unknown:
         raise click.BadParameter(f"not daily partitions (yet): {', '.join(sorted(unknown))}")
-    backfill = PartitionBackfill.from_asset_partitions(
-        backfill_id=make_new_backfill_id(),
-        asset_graph=graph,
-        partition_names=days,
-        asset_selection=daily,
-        backfill_timestamp=time.time(),
-        tags={},
-        dynamic_partitions_store=instance,
-        all_partitions=False,
-        title=title,
-        description=f"lanes backfill of {len(days)} day(s) of {DAILY_JOB}",
-        run_config=None,
-    )
-    instance.add_backfill(backfill)
-    return backfill.backfill_id
+    return [list(spec.key.path) for spec in specs]
+
+
+def _dagster_graphql() -> str:
+    beside = Path(sys.executable).parent / "dagster-graphql"  # the venv's console script
+    found = str(beside) if beside.exists() else shutil.which("dagster-graphql")
+    if found is None:
+        raise click.ClickException("dagster-graphql not found beside the interpreter nor on PATH")
+    return found
+
+
+def submit_backfill(project_root: Path, days: list[str], title: str) -> str:
+    """Submit an asset backfill of every daily asset of daily_lanes for `days`; return its id."""
+    params = {
+        "partitionNames": days,
+        "assetSelection": [{"path": path} for path in daily_asset_keys(days)],
+        "title": title,
+        "description": f"lanes backfill of {len(days)} day(s) of {DAILY_JOB}",
+    }
+    with tempfile.TemporaryDirectory(prefix="lanes-backfill-") as tmp:
+        answer_path, log_path = Path(tmp) / "answer.json", Path(tmp) / "graphql.log"
+        argv = [_dagster_graphql(), "-w", "workspace.yaml", "-t", LAUNCH_BACKFILL]
+        argv += ["-v", json.dumps({"params": params}), "-o", str(answer_path)]
+        with (
+            log_path.open("wb") as log,
+            child_group(argv, cwd=project_root, grace_s=SUBMIT_GRACE_S, stdout=log) as child,
+        ):
+            code = child.wait()
+        answer = answer_path.read_text() if answer_path.exists() else ""
+        if code != 0 or not answer:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise click.ClickException(
+                f"dagster-graphql failed (exit {code}) submitting the backfill:\n{tail}"
+            )
+    return backfill_id_from(json.loads(answer))
+
+
+def backfill_id_from(answer: dict[str, Any]) -> str:
+    """The backfill id from launchPartitionBackfill's answer, or an error that says what Dagster refused."""
+    if answer.get("errors"):
+        raise click.ClickException(f"Dagster refused the backfill: {answer['errors'][0].get('message')}")
+    result = answer["data"]["launchPartitionBackfill"]
+    if result["__typename"] == "LaunchBackfillSuccess":
+        return str(result["backfillId"])
+    detail = result.get("message") or result["__typename"]
+    raise click.ClickException(f"Dagster refused the backfill ({result['__typename']}): {detail}")
 
 
 def daemons_alive() -> bool:
@@ -77,7 +127,6 @@ def daemons_alive() -> bool:
 def wait_for(backfill_id: str, poll_s: float = 5.0) -> str:
     """Block until the backfill ends; print each change of its runs; return its final status."""
     from dagster import DagsterInstance, RunsFilter
-    from dagster._core.storage.tags import BACKFILL_ID_TAG
 
     instance = DagsterInstance.get()
     seen: dict[str, str] = {}
@@ -100,6 +149,7 @@ def wait_for(backfill_id: str, poll_s: float = 5.0) -> str:
 @click.option("--wait", is_flag=True, help="block until the backfill has finished, printing its runs")
 def backfill(first: datetime, last: datetime, wait: bool) -> None:
     """Backfill daily_lanes for the days FROM..TO (e.g. the days the machine was off); `make dev` runs it."""
+    stop_like_ctrl_c()  # SIGTERM / SIGHUP: the submission's processes stop, as on Ctrl-C
     try:
         settings = load_settings()
         use_project_instance(settings)
@@ -107,12 +157,17 @@ def backfill(first: datetime, last: datetime, wait: bool) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     days = day_range(first.date(), last.date())
-    backfill_id = submit_backfill(days, title=f"daily_lanes {days[0]}..{days[-1]}")
+    backfill_id = submit_backfill(settings.project_root, days, title=f"daily_lanes {days[0]}..{days[-1]}")
     click.echo(f"backfill {backfill_id}: daily_lanes for {days[0]} .. {days[-1]} ({len(days)} days)")
     if not daemons_alive():
         click.echo("  no Dagster daemon has reported on this instance lately: it runs once `make dev` is up")
     if wait:
-        status = wait_for(backfill_id)
+        try:
+            status = wait_for(backfill_id)
+        except KeyboardInterrupt:
+            # Only the waiting stops: the backfill belongs to the instance, and the daemon goes on with it.
+            click.echo(f"stopped waiting; backfill {backfill_id} goes on (Overview > Backfills)", err=True)
+            raise click.exceptions.Exit(130) from None
         click.echo(f"backfill {backfill_id}: {status}")
         if status != "COMPLETED_SUCCESS":
             raise click.ClickException(f"backfill {backfill_id} ended {status}; see Overview > Backfills")

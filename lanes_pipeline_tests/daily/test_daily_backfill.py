@@ -36,8 +36,9 @@ EVERY_DAY = (
 def daemon(project: DailyProject) -> Iterator[subprocess.Popen[bytes]]:
     """`dagster-daemon run` on the project's instance: backfills, the run queue, run monitoring."""
     log = (project.dagster_home / "daemon.log").open("wb")
+    daemon_cli = Path(sys.executable).parent / "dagster-daemon"  # Dagster's public entry point
     process = subprocess.Popen(
-        [sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"],
+        [str(daemon_cli), "run", "-w", "workspace.yaml"],
         cwd=project_root(),
         env={**os.environ, **project.env()},
         stdout=log,
