@@ -82,9 +82,11 @@ class ModuleOutline(FrozenModel):
 
 
 class SelectionRules(FrozenModel):
-    include: list[str] = ["**/*.py"]
-    exclude: list[str] = []
-    max_file_bytes: int = 16_000
+    """What a snapshot reads: a repos.yaml entry's globs and cpu_assets.max_file_bytes (defaults there)."""
+
+    include: list[str]
+    exclude: list[str]
+    max_file_bytes: int
 
 
 class Snapshot(FrozenModel):

@@ -20,6 +20,7 @@ from lanes_pipeline.cpu_lane.repos import (
     take_snapshot,
 )
 from lanes_pipeline.cpu_lane.sample_repo import HISTORY, ensure_sample_repo
+from lanes_pipeline.settings import CpuAssetsConfig
 
 SOURCE_V1 = "def area(w: float, h: float) -> float:\n    return w * h\n"
 SOURCE_V2 = SOURCE_V1 + "\n\nclass Box:\n    def volume(self, d: float) -> float:\n        return d\n"
@@ -139,7 +140,9 @@ def test_build_history_is_reproducible(tmp_path: Path) -> None:
 def test_sample_repository_has_three_days_of_real_code(tmp_path: Path) -> None:
     repo = ensure_sample_repo(tmp_path / "sample")
     assert ensure_sample_repo(repo) == repo  # second call reuses it
-    rules = SelectionRules(include=["**/*.py"], exclude=["tests/**"])
+    rules = SelectionRules(
+        include=["**/*.py"], exclude=["tests/**"], max_file_bytes=CpuAssetsConfig().max_file_bytes
+    )
     days = [take_snapshot("s", repo, "HEAD", when.date(), "UTC", rules, 3000) for when, _, _ in HISTORY]
     assert len({d.commit for d in days}) == 3
     assert days[0].changed == ["textstats.py"]
