@@ -12,26 +12,38 @@ from lanes_pipeline.embedded.servers import (
     LANE_LABEL,
     EmbeddedServer,
     LaneName,
-    build_server,
+    build_lane_server,
     running_embedded_url,
 )
 from lanes_pipeline.http import OpenAIClient
-from lanes_pipeline.settings import LaneConnection, RetryPolicy, data_dir, load_settings
+from lanes_pipeline.settings import CpuLane, GpuLane, LaneConnection, RetryPolicy, data_dir, load_settings
 
 
-def resolve_lane_url(lane: LaneName, base_url: str) -> tuple[str, EmbeddedServer | None]:
+def resolve_lane_url(lane: LaneName, connection: LaneConnection) -> tuple[str, EmbeddedServer | None]:
     """The URL to call, and the server this call started (the caller stops it), if it had to start one.
 
     `embedded` reuses the server that `lanes serve`, `make run` or `make dev` published; with none running,
-    a run starts its own for its duration, so the UI works on a fresh machine with nothing configured.
+    a run starts its own for its duration, so the UI works on a fresh machine with nothing configured. That
+    server is built from the resource's own lane config (the folder the definitions were loaded from), not
+    from the configs of the default folder read again.
     """
-    if base_url != "embedded":
-        return base_url, None
+    if not connection.is_embedded:
+        return connection.base_url, None
     running = running_embedded_url(data_dir(), lane)
     if running is not None:
         return running, None
-    server = build_server(load_settings(), lane, publish=True).start()
+    server = build_lane_server(_server_config(lane, connection), data_dir(), publish=True).start()
     return server.url, server
+
+
+def _server_config(lane: LaneName, connection: LaneConnection) -> CpuLane | GpuLane:
+    """The lane's config with its embedded server's settings: the resource's own when it holds its lane's
+    config model (the CPU lane's does). A resource with flat connection fields (the GPU lane's, until it holds
+    its GpuLane too) carries no embedded-server settings; those are read from the configured folder."""
+    if isinstance(connection, CpuLane | GpuLane):
+        return connection
+    lanes = load_settings().lanes
+    return lanes.cpu_lane if lane == "cpu" else lanes.gpu_lane
 
 
 class LaneEndpoint(ConfigurableResource):
@@ -51,7 +63,7 @@ class LaneEndpoint(ConfigurableResource):
         return self.connection().retry_policy()
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._url, self._owned_server = resolve_lane_url(self.lane, self.connection().base_url)
+        self._url, self._owned_server = resolve_lane_url(self.lane, self.connection())
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self._owned_server is not None:
@@ -61,7 +73,7 @@ class LaneEndpoint(ConfigurableResource):
     @property
     def url(self) -> str:
         if self._url is None:  # used outside a run (CLI, tests)
-            self._url, self._owned_server = resolve_lane_url(self.lane, self.connection().base_url)
+            self._url, self._owned_server = resolve_lane_url(self.lane, self.connection())
         return self._url
 
     def api_key(self) -> str | None:

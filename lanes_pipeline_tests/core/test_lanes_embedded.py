@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 from click.testing import CliRunner
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance, build_init_resource_context, materialize
 
 from lanes_pipeline.cli import main
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
@@ -33,7 +33,8 @@ from lanes_pipeline.errors import EmbeddedStartError, LaneUnreachableError, Port
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource
 from lanes_pipeline.http import OpenAIClient
 from lanes_pipeline.probe import probe
-from lanes_pipeline.settings import CpuLane, Settings, load_settings, project_root
+from lanes_pipeline.settings import CpuLane, EmbeddedCpuServer, Settings, load_settings, project_root
+from lanes_pipeline_tests.core.processes import port_is_free
 from lanes_pipeline_tests.daily.fixtures import daily_project
 
 
@@ -111,6 +112,27 @@ def test_failed_start_shows_log_tail_and_log_path(cpu_server: EmbeddedServer, tm
     assert "the embedded CPU lane server exited with code" in message
     assert f"full log: {tmp_path / 'logs' / 'cpu-lane-server.log'}" in message
     assert "--no-such-flag" in message  # the server's own complaint, from the log tail
+
+
+@pytest.mark.cpu_lane
+def test_embedded_lane_resource_starts_the_server_its_own_config_describes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing published, a resource's `embedded` lane is started from the resource's own lane config
+    (its port and served name here), not from the configs of the default folder read again."""
+    monkeypatch.setenv("LANES_DATA_DIR", str(tmp_path / "data"))  # no server published there
+    port = choose_port("cpu", 0)
+    config = CpuLane(model_alias="resource-alias", embedded=EmbeddedCpuServer(port=port, parallel=1))
+    resource = CpuLaneResource(config=config)
+    try:
+        assert resource.url == f"http://127.0.0.1:{port}"
+        with OpenAIClient("CPU", resource.url) as client:
+            assert "resource-alias" in {card.id for card in client.models().data}
+        assert (tmp_path / "data" / "run" / "cpu-lane.json").exists()  # published for other processes
+    finally:
+        resource.teardown_after_execution(build_init_resource_context())
+    assert not (tmp_path / "data" / "run" / "cpu-lane.json").exists()
+    assert port_is_free(port)
 
 
 def test_lanes_serve_stops_every_process_on_sigterm(tmp_path: Path) -> None:

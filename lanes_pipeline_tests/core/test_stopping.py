@@ -1,0 +1,192 @@
+"""Stopping stops everything: each long-running command, sent SIGTERM (kill, systemctl stop, docker stop) or
+SIGHUP (its terminal went away), stops as on Ctrl-C, and no process it started outlives it nor holds a port.
+(`lanes serve` is proven in test_lanes_embedded.py.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from dagster import DagsterInstance, DagsterRunStatus
+
+from lanes_pipeline.daily.instance import NOT_FINISHED
+from lanes_pipeline.embedded.servers import EmbeddedServer
+from lanes_pipeline.settings import Settings, project_root
+from lanes_pipeline_tests.core.processes import family, free_port, port_is_free, survivors
+from lanes_pipeline_tests.daily.fixtures import DailyProject, daily_project
+
+LANES = [sys.executable, "-m", "lanes_pipeline.cli"]
+
+
+def _embedded_on_free_ports(project: DailyProject, lanes: tuple[str, ...]) -> None:
+    """The project's `lanes` run embedded, each on a free port."""
+    path = project.config_dir / "lanes.yaml"
+    config = yaml.safe_load(path.read_text())
+    for lane in lanes:
+        config[f"{lane}_lane"]["base_url"] = "embedded"
+        config[f"{lane}_lane"]["embedded"]["port"] = 0
+    path.write_text(yaml.safe_dump(config))
+
+
+def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            argv,
+            cwd=project_root(),
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _wait_for(
+    what: str, done: Callable[[], bool], process: subprocess.Popen[bytes], log: Path, s: float
+) -> None:
+    deadline = time.monotonic() + s
+    while not done():
+        assert process.poll() is None, f"exited before {what}:\n{log.read_text(errors='replace')[-3000:]}"
+        assert time.monotonic() < deadline, (
+            f"no {what} within {s:.0f} s:\n{log.read_text(errors='replace')[-3000:]}"
+        )
+        time.sleep(0.5)
+
+
+def _stop_and_check(
+    process: subprocess.Popen[bytes], sig: signal.Signals, log: Path, ports: list[int], within_s: float
+) -> tuple[int, dict[int, str]]:
+    """Send `sig`; the command exits within `within_s`, none of its processes survives, its ports are free."""
+    tree = family(process.pid)
+    process.send_signal(sig)
+    try:
+        code = process.wait(timeout=within_s)
+    finally:
+        if process.poll() is None:
+            for pid in family(process.pid):
+                os.kill(pid, signal.SIGKILL)
+    left = survivors(tree)
+    output = log.read_text(errors="replace")
+    assert not left, f"still running after {sig.name}: {left}\n{output[-3000:]}"
+    assert [port for port in ports if not port_is_free(port)] == [], output[-3000:]
+    return code, tree
+
+
+@pytest.fixture
+def project(settings: Settings, tmp_path: Path) -> DailyProject:
+    """A private project whose lanes are unreachable until a test says otherwise."""
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    return daily_project(tmp_path, settings, nowhere, nowhere, seed_earlier_day=False)
+
+
+@pytest.mark.timeout(300)
+def test_lanes_backfill_stops_its_submission_and_its_waiting(project: DailyProject, tmp_path: Path) -> None:
+    """SIGTERM while the backfill is being submitted stops dagster-graphql and the code server it started;
+    SIGHUP while `--wait` waits ends the waiting (the backfill stays with the instance's daemon)."""
+    argv = [*LANES, "backfill", "--from", "2026-11-01", "--to", "2026-11-02", "--wait"]
+    log = tmp_path / "submit.log"
+    submitting = _start(argv, project.env(), log)
+    _wait_for(
+        "dagster-graphql child",
+        lambda: any("dagster-graphql" in cmd for cmd in family(submitting.pid).values()),
+        submitting,
+        log,
+        120,
+    )
+    code, tree = _stop_and_check(submitting, signal.SIGTERM, log, [], within_s=60)
+    assert code != 0 and any("dagster-graphql" in cmd for cmd in tree.values())
+    with DagsterInstance.from_config(str(project.dagster_home)) as instance:
+        assert instance.get_backfills() == []  # stopped before Dagster took it
+
+    log = tmp_path / "wait.log"
+    waiting = _start(argv, project.env(), log)
+    _wait_for("the backfill's id", lambda: "daily_lanes for 2026-11-01" in log.read_text(), waiting, log, 180)
+    code, _tree = _stop_and_check(waiting, signal.SIGHUP, log, [], within_s=30)
+    assert code == 130
+    assert "stopped waiting; backfill" in log.read_text()
+    with DagsterInstance.from_config(str(project.dagster_home)) as instance:
+        [backfill] = instance.get_backfills()
+    assert backfill.status.value == "REQUESTED"  # no daemon here: still waiting for one
+
+
+@pytest.mark.cpu_lane
+@pytest.mark.gpu_lane
+@pytest.mark.timeout(900)
+def test_lanes_run_stops_the_run_and_its_lane_on_sighup(
+    project: DailyProject, gpu_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """`lanes run` with its own embedded CPU lane, hung up on while the day's run executes: the run is
+    stopped and recorded as such, the llama-server it started and every step's process are gone."""
+    _embedded_on_free_ports(project, ("cpu",))
+    lanes = yaml.safe_load((project.config_dir / "lanes.yaml").read_text())
+    lanes["gpu_lane"]["base_url"] = gpu_server.url  # the session's vLLM: not this command's to stop
+    (project.config_dir / "lanes.yaml").write_text(yaml.safe_dump(lanes))
+    log = tmp_path / "run.log"
+    running = _start([*LANES, "run", "--date", "2026-11-01"], project.env(), log)
+    state = project.data_dir / "run" / "cpu-lane.json"
+    # A step is executing when Dagster mirrors its compute logs (`tail -F`) in the command's process tree.
+    _wait_for(
+        "an executing step",
+        lambda: state.exists() and any(cmd.startswith("tail -F") for cmd in family(running.pid).values()),
+        running,
+        log,
+        600,
+    )
+    cpu_port = int(yaml.safe_load(state.read_text())["url"].rsplit(":", 1)[1])
+    code, tree = _stop_and_check(running, signal.SIGHUP, log, [cpu_port], within_s=120)
+    assert code == 130, log.read_text()[-3000:]
+    assert any("llama-server" in cmd for cmd in tree.values()), tree
+    assert not state.exists()
+    with DagsterInstance.from_config(str(project.dagster_home)) as instance:
+        runs = instance.get_runs()
+    assert runs and not [run.run_id for run in runs if run.status in NOT_FINISHED]
+    assert any(run.status == DagsterRunStatus.FAILURE for run in runs)
+
+
+@pytest.mark.cpu_lane
+@pytest.mark.gpu_lane
+@pytest.mark.timeout(900)
+def test_lanes_dev_stops_lanes_and_dagster_on_sigterm(project: DailyProject, tmp_path: Path) -> None:
+    """`lanes dev` with both embedded lanes on free ports: once the UI answers, SIGTERM stops llama-server,
+    vLLM, and `dagster dev` with its webserver and daemon; every port is free again."""
+    _embedded_on_free_ports(project, ("cpu", "gpu"))
+    ui_port = free_port()
+    env = {**project.env()}
+    log = tmp_path / "dev.log"
+    dev = _start([*LANES, "dev", "--port", str(ui_port)], env, log)
+
+    def ui_answers() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{ui_port}/server_info", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    _wait_for("the Dagster UI", ui_answers, dev, log, 600)
+    _wait_for(
+        "the daemon",
+        lambda: any("dagster._daemon" in cmd for cmd in family(dev.pid).values()),
+        dev,
+        log,
+        120,
+    )
+    ports = [ui_port]
+    for lane in ("cpu", "gpu"):
+        url = yaml.safe_load((project.data_dir / "run" / f"{lane}-lane.json").read_text())["url"]
+        ports.append(int(url.rsplit(":", 1)[1]))
+    code, tree = _stop_and_check(dev, signal.SIGTERM, log, ports, within_s=120)
+    assert code == 0, log.read_text()[-3000:]
+    commands = " ".join(tree.values())
+    for started in (
+        "llama-server",
+        "vllm.entrypoints",
+        "dagster dev",
+        "dagster_webserver",
+        "dagster._daemon",
+    ):
+        assert started in commands, f"{started} was not running: {tree}"
