@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, Definitions, asset, define_asset_job
 
@@ -72,22 +73,30 @@ def test_pool_limits_come_from_the_configs(settings: Settings, project_instance:
     assert project_instance.event_log_storage.get_concurrency_info(GPU_POOL).slot_count == 1
 
 
-def start_gpu_step(instance: DagsterInstance) -> threading.Event:
-    """A new run with one gpu_lane step, in a thread; the event is set when it has finished."""
+def start_gpu_step(instance: DagsterInstance) -> threading.Thread:
+    """A new run with one gpu_lane step, in a thread (alive until the run has finished)."""
 
     @asset(pool="gpu_lane")
     def quick_gpu_step() -> None:
         return None
 
     job = Definitions(assets=[quick_gpu_step], jobs=[define_asset_job("quick", "*")]).resolve_job_def("quick")
-    done = threading.Event()
+    thread = threading.Thread(
+        target=lambda: job.execute_in_process(instance=instance, tags=in_process_run_tags()), daemon=True
+    )
+    thread.start()
+    return thread
 
-    def execute() -> None:
-        job.execute_in_process(instance=instance, tags=in_process_run_tags())
-        done.set()
 
-    threading.Thread(target=execute, daemon=True).start()
-    return done
+def compute_log_tails(home: Path) -> list[str]:
+    """Dagster's `tail -F` compute-log mirrors (and their orphan watchers) for runs of the instance at `home`:
+    a run's step starts them and its end stops them."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if str(home) in command and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(command)
+    return found
 
 
 def test_a_killed_run_does_not_hold_the_gpu_pool(project_instance: DagsterInstance, tmp_path: Path) -> None:
@@ -106,16 +115,30 @@ def test_a_killed_run_does_not_hold_the_gpu_pool(project_instance: DagsterInstan
         [held_by] = info.active_run_ids
         assert orphaned_runs(project_instance) == []  # alive: not touched
     finally:
-        os.killpg(holder.pid, signal.SIGKILL)
+        os.killpg(holder.pid, signal.SIGKILL)  # the run and its step's compute-log tails, all at once
         holder.wait(timeout=30)
 
     # Dead, and still holding the only slot: a new gpu_lane step waits for it.
     assert project_instance.get_run_by_id(held_by).status == DagsterRunStatus.STARTED  # type: ignore[union-attr]
     waiting = start_gpu_step(project_instance)
-    assert not waiting.wait(5)
+    try:
+        waiting.join(5)
+        assert waiting.is_alive()
 
-    assert release_orphaned_runs(project_instance) == [held_by]  # what `lanes run` / `lanes dev` do first
-    assert project_instance.get_run_by_id(held_by).status == DagsterRunStatus.FAILURE  # type: ignore[union-attr]
-    assert waiting.wait(120), "the waiting gpu_lane step never got the freed slot"
-    assert project_instance.event_log_storage.get_concurrency_info(GPU_POOL).active_slot_count == 0
-    assert release_orphaned_runs(project_instance) == []  # idempotent
+        assert release_orphaned_runs(project_instance) == [held_by]  # what `lanes run` / `lanes dev` do first
+        assert project_instance.get_run_by_id(held_by).status == DagsterRunStatus.FAILURE  # type: ignore[union-attr]
+        waiting.join(120)
+        assert not waiting.is_alive(), "the waiting gpu_lane step never got the freed slot"
+        assert project_instance.event_log_storage.get_concurrency_info(GPU_POOL).active_slot_count == 0
+        assert release_orphaned_runs(project_instance) == []  # idempotent
+    finally:
+        # Whatever happened above, the waiting run ends here, so its step's `tail -F` processes do not
+        # outlive the test (they would run until the test session ends).
+        if waiting.is_alive():
+            release_orphaned_runs(project_instance)
+            waiting.join(120)
+    home = Path(os.environ["DAGSTER_HOME"])
+    deadline = time.monotonic() + 10
+    while compute_log_tails(home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert compute_log_tails(home) == []
