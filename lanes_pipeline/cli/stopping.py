@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -28,7 +29,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 def stop_like_ctrl_c() -> None:
     """From now on SIGTERM and SIGHUP are handled as SIGINT is at that moment: KeyboardInterrupt, or, while
     Dagster executes a run in this process, Dagster's own interrupt handler (the run stops at its next
-    checkpoint and is marked so)."""
+    checkpoint and is marked so). Signal handlers belong to the main thread: elsewhere (a command invoked
+    from a worker thread) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
     for sig in STOP_SIGNALS:
         signal.signal(sig, _as_ctrl_c)
 
