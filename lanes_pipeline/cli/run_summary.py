@@ -9,11 +9,22 @@ counters before and after). A re-run of a day shows 0 on both, which is the proo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
+from lanes_pipeline.cpu_lane.rows import (
+    AnalysisFigures,
+    DatasetFigures,
+    Figures,
+    GeneratedTestsFigures,
+    LaneUsageFigures,
+    RefactorFigures,
+    SnapshotFigures,
+)
+
 Status = Literal["materialized", "failed", "skipped"]
+FiguresT = TypeVar("FiguresT", bound=Figures)
 
 
 class AssetOutcome(BaseModel):
@@ -64,30 +75,37 @@ class DaySummary(BaseModel):
         )
 
 
-def _int(metadata: Mapping[str, Any], key: str) -> int | None:
-    value = metadata.get(key)
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def _of(rows: Sequence[AssetOutcome], asset: str) -> dict[str, Any]:
     return next((r.metadata for r in rows if r.asset == asset and r.status == "materialized"), {})
+
+
+def _figures(rows: Sequence[AssetOutcome], asset: str, model: type[FiguresT]) -> FiguresT | None:
+    """The figures a CPU-lane asset recorded, read with the model it wrote them with; None when the asset
+    did not materialize in this run."""
+    metadata = next((r.metadata for r in rows if r.asset == asset and r.status == "materialized"), None)
+    return None if metadata is None else model.read(metadata)
 
 
 def summarize_day(
     partition: str, rows: Sequence[AssetOutcome], deltas: LaneDeltas, served: ServedState | None
 ) -> DaySummary:
-    lane_rows = [r for r in rows if "llm_requests" in r.metadata]
+    usage = [LaneUsageFigures.read(r.metadata) for r in rows if LaneUsageFigures.recorded_in(r.metadata)]
+    tests, diffs = (
+        _figures(rows, "generated_tests", GeneratedTestsFigures),
+        _figures(rows, "refactor_proposals", RefactorFigures),
+    )
+    dataset = _figures(rows, "lora_dataset", DatasetFigures)
     adapter = _of(rows, "lora_adapter")
     evaluation, serving = _of(rows, "adapter_evaluation"), _of(rows, "served_adapter")
     promoted = serving.get("promoted", evaluation.get("promote"))
     return DaySummary(
         partition=partition,
         rows=list(rows),
-        llm_calls=sum(_int(r.metadata, "llm_requests") or 0 for r in lane_rows),
-        cache_hits=sum(_int(r.metadata, "cache_hits") or 0 for r in lane_rows),
-        tests_accepted=_int(_of(rows, "generated_tests"), "accepted"),
-        diffs_accepted=_int(_of(rows, "refactor_proposals"), "accepted"),
-        dataset_rows=_int(_of(rows, "lora_dataset"), "dagster/row_count"),
+        llm_calls=sum(u.llm_requests for u in usage),
+        cache_hits=sum(u.cache_hits for u in usage),
+        tests_accepted=tests.accepted if tests else None,
+        diffs_accepted=diffs.accepted if diffs else None,
+        dataset_rows=dataset.row_count if dataset else None,
         adapter_version=adapter.get("version"),
         promoted=bool(promoted) if promoted is not None else None,
         served=served,
@@ -110,15 +128,39 @@ def _adapter_result(m: Mapping[str, Any]) -> str:
     return f"{m.get('version')}{reused}, loss {_cell(m.get('final_loss'), 3)}"
 
 
-# The one figure that says what each asset produced, from its metadata.
+def _snapshot(m: Mapping[str, Any]) -> str:
+    f = SnapshotFigures.read(m)
+    return f"{f.files} files, {f.changed_files} changed"
+
+
+def _analysis(m: Mapping[str, Any]) -> str:
+    f = AnalysisFigures.read(m)
+    return f"{f.analysed_ok} of {f.files} analysed, {f.accepted} accepted"
+
+
+def _tests(m: Mapping[str, Any]) -> str:
+    f = GeneratedTestsFigures.read(m)
+    return f"{f.accepted} of {f.candidates} tests accepted"
+
+
+def _diffs(m: Mapping[str, Any]) -> str:
+    f = RefactorFigures.read(m)
+    return f"{f.accepted} of {f.proposals} diffs accepted"
+
+
+def _dataset(m: Mapping[str, Any]) -> str:
+    f = DatasetFigures.read(m)
+    return f"{f.train_rows} train + {f.eval_rows} eval rows"
+
+
+# The one figure that says what each asset produced, from its metadata: the CPU lane's through the figure
+# models its assets write with (cpu_lane/rows.py).
 RESULTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
-    "repo_snapshot": lambda m: f"{m.get('files', 0)} files, {m.get('changed_files', 0)} changed",
-    "repo_analysis": lambda m: (
-        f"{m.get('analysed_ok', 0)} of {m.get('files', 0)} analysed, {m.get('accepted', 0)} accepted"
-    ),
-    "generated_tests": lambda m: f"{m.get('accepted', 0)} of {m.get('candidates', 0)} tests accepted",
-    "refactor_proposals": lambda m: f"{m.get('accepted', 0)} of {m.get('proposals', 0)} diffs accepted",
-    "lora_dataset": lambda m: f"{m.get('train_rows', 0)} train + {m.get('eval_rows', 0)} eval rows",
+    "repo_snapshot": _snapshot,
+    "repo_analysis": _analysis,
+    "generated_tests": _tests,
+    "refactor_proposals": _diffs,
+    "lora_dataset": _dataset,
     "lora_adapter": _adapter_result,
     "adapter_evaluation": lambda m: "promote" if m.get("promote") else "reject",
     "served_adapter": lambda m: f"{m.get('alias')} -> {m.get('alias_target')}",
@@ -142,14 +184,21 @@ def render(summary: DaySummary) -> str:
     table = [HEADER]
     for row in summary.rows:
         m = row.metadata
-        speed = m.get("generation_tokens_per_s") if m.get("llm_answered", 1) else None
-        reuse = m.get("prefix_reuse") if m.get("llm_answered") else None
+        if LaneUsageFigures.recorded_in(m):  # a CPU-lane asset: speed and reuse only if it asked anything
+            usage = LaneUsageFigures.read(m)
+            answered = usage.llm_answered > 0
+            calls, hits = usage.llm_requests, usage.cache_hits
+            speed = usage.generation_tokens_per_s if answered else None
+            reuse = usage.prefix_reuse if answered else None
+        else:  # a lane probe (one call, its speed) or a GPU-lane asset
+            calls, hits = (1 if "speed_source" in m else None), m.get("cache_hits")
+            speed, reuse = m.get("generation_tokens_per_s"), None
         table.append(
             (
                 row.asset,
                 row.status,
-                _cell(m.get("llm_requests", 1 if "speed_source" in m else None)),
-                _cell(m.get("cache_hits")),
+                _cell(calls),
+                _cell(hits),
                 _cell(speed),
                 f"{reuse:.0%}" if isinstance(reuse, float) else "-",
                 _result(row),

@@ -18,16 +18,19 @@ from dagster import (
     asset_check,
 )
 
+from lanes_pipeline.cpu_lane.assets.common import read_results
+from lanes_pipeline.cpu_lane.dataset_writer import Record
+from lanes_pipeline.cpu_lane.rows import AnalysisRow
 from lanes_pipeline.cpu_lane.safety import injection_markers, secret_findings
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 
 
-def _rows(artifact_store: ArtifactStoreResource, day: str) -> dict[str, list[dict]]:
+def _rows(artifact_store: ArtifactStoreResource, day: str) -> dict[str, list[Record]]:
     from datasets import load_from_disk
 
     folder = artifact_store.store().folder("lora_dataset", day)
     dataset = load_from_disk(str(folder))
-    return {split: list(dataset[split]) for split in dataset}
+    return {split: [Record.model_validate(row) for row in dataset[split]] for split in dataset}
 
 
 def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition]:
@@ -59,10 +62,10 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
         findings = []
         for split, rows in _rows(artifact_store, context.partition_key).items():
             for row in rows:
-                text = "\n".join(m["content"] for m in row["messages"])
+                text = row.text()
                 found = secret_findings(text) + [f"injection: {m}" for m in injection_markers(text)]
                 if found:
-                    findings.append(f"{split} {row['content_hash'][:12]}: {', '.join(found)}")
+                    findings.append(f"{split} {row.content_hash[:12]}: {', '.join(found)}")
         return AssetCheckResult(
             passed=not findings,
             severity=AssetCheckSeverity.ERROR,
@@ -80,8 +83,9 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
         pipeline_settings: PipelineSettingsResource,
     ) -> AssetCheckResult:
         threshold = pipeline_settings.load().pipeline.cpu_assets.max_unparseable_ratio
-        repos = artifact_store.store().read_json("repo_analysis", context.partition_key, "results.json")
-        statuses = [item["status"] for repo in repos for item in repo["files"]]
+        store = artifact_store.store()
+        repos = read_results(store, "repo_analysis", context.partition_key, AnalysisRow)
+        statuses = [item.status for repo in repos for item in repo.files]
         unparseable = statuses.count("unparseable")
         ratio = unparseable / len(statuses) if statuses else 0.0
         return AssetCheckResult(

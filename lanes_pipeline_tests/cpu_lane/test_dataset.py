@@ -19,6 +19,14 @@ from lanes_pipeline.cpu_lane.dataset_writer import (
     save_dataset,
     shape,
 )
+from lanes_pipeline.cpu_lane.rows import (
+    AnalysisRow,
+    FileAnalysisRow,
+    GeneratedTestRow,
+    RefactorRow,
+    TestRowVerdict,
+)
+from lanes_pipeline.cpu_lane.tasks import FileAnalysis
 from lanes_pipeline.gpu_lane import training_window as dataset_window
 from lanes_pipeline.settings import Settings
 from lanes_pipeline.store import sha256_tree
@@ -125,22 +133,29 @@ def test_saved_dataset_is_byte_identical_and_follows_the_contract(
 
 
 def test_only_accepted_results_become_candidates() -> None:
-    analysis = {"summary": "Computes areas.", "public_api": ["area"], "risks": ["negative sizes"],
-                "test_ideas": ["zero width"], "complexity": "low"}  # fmt: skip
-    analyses = [{"repo": "r", "commit": "c", "files": [
-        {"path": "a.py", "status": "ok", "accepted": True, "analysis": analysis},
-        {"path": "b.py", "status": "ok", "accepted": False, "analysis": analysis, "reason": "repeats itself"},
-        {"path": "old.py", "status": "ok", "accepted": True, "analysis": analysis},  # unchanged today
-        {"path": "c.py", "status": "unparseable", "reason": "not JSON"},
-    ]}]  # fmt: skip
+    analysis = FileAnalysis(summary="Computes areas.", public_api=["area"], risks=["negative sizes"],
+                            test_ideas=["zero width"], complexity="low")  # fmt: skip
+    analyses = [AnalysisRow(repo="r", commit="c", files=[
+        FileAnalysisRow(path="a.py", blob="1", status="ok", accepted=True, analysis=analysis, reason=""),
+        FileAnalysisRow(path="b.py", blob="2", status="ok", accepted=False, analysis=analysis,
+                        reason="repeats itself"),
+        FileAnalysisRow(path="old.py", blob="3", status="ok", accepted=True, analysis=analysis, reason=""),
+        FileAnalysisRow(path="c.py", blob="4", status="unparseable", reason="not JSON"),
+    ])]  # fmt: skip
+
+    def test(path: str, verdict: TestRowVerdict, code: str) -> GeneratedTestRow:
+        module = path.removesuffix(".py")
+        return GeneratedTestRow(repo="r", path=path, module=module, test_file=f"test_{path}", code=code,
+                                verdict=verdict, reason="", runs=[])  # fmt: skip
+
     tests = [
-        {"repo": "r", "path": "a.py", "verdict": "passed", "code": "from a import area\n"},
-        {"repo": "r", "path": "b.py", "verdict": "unsafe", "code": "import os\nos.system('rm -rf /')\n"},
-        {"repo": "r", "path": "c.py", "verdict": "flaky", "code": "x"},
+        test("a.py", "passed", "from a import area\n"),
+        test("b.py", "unsafe", "import os\nos.system('rm -rf /')\n"),
+        test("c.py", "flaky", "x"),
     ]
     diffs = [
-        {"repo": "r", "path": "a.py", "verdict": "accepted", "diff": "--- a/a.py\n+++ b/a.py\n"},
-        {"repo": "r", "path": "b.py", "verdict": "unsafe_path", "diff": None},
+        RefactorRow(repo="r", path="a.py", verdict="accepted", diff="--- a/a.py\n+++ b/a.py\n", reason=""),
+        RefactorRow(repo="r", path="b.py", verdict="unsafe_path", diff=None, reason=""),
     ]
     sources = {("r", p): CODE for p in ("a.py", "b.py", "c.py", "old.py")}
     found = candidates_of_day(analyses, tests, diffs, {"r": {"a.py", "b.py", "c.py"}}, sources)

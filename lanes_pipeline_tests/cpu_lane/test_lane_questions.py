@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from dagster import Failure
 
-from lanes_pipeline.cpu_lane.assets.common import LaneQuestions, Memo, memo_key, remembered_answer
+from lanes_pipeline.cpu_lane.assets.common import LaneQuestions, remembered_answer
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import summarize
+from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
 from lanes_pipeline.cpu_lane.tasks import WRITE_TESTS
 from lanes_pipeline.settings import CpuLane

@@ -1,8 +1,6 @@
-"""What the CPU-lane assets share: where a repository is, the per-item memo, artifacts and metadata.
+"""What the CPU-lane assets share: where a repository is, asking the lane through the memo (memo.py),
+reading and writing partitions with their row models (rows.py), and metadata.
 
-The memo is what makes the daily assets incremental and idempotent: every model answer and every sandbox
-verdict is stored under a key made of what decided it (a blob hash, a commit, the task's version, the
-configured model), so a re-run of a day, or a day where a file did not change, finds it and asks nothing.
 Deterministic failures (unparseable, too long) are remembered too; transient ones (server down) are not.
 """
 
@@ -17,14 +15,15 @@ from dagster import Failure, MetadataValue
 
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import ItemResult
+from lanes_pipeline.cpu_lane.memo import Memo
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
 from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, read_blobs
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, failures_table, over_failure_ratio
+from lanes_pipeline.cpu_lane.rows import LaneUsageFigures, RowT, read_rows
 from lanes_pipeline.cpu_lane.sample_repo import EMBEDDED_REPO, ensure_sample_repo
 from lanes_pipeline.settings import RepoEntry, Settings
-from lanes_pipeline.store import ArtifactStore, canonical_json, sha256_bytes, sha256_tree
+from lanes_pipeline.store import ArtifactStore, sha256_tree
 
-MEMO = "_memo"
 # Failure kinds of the batch runner that the same request would meet again: remembered, not re-asked.
 DETERMINISTIC_FAILURES = frozenset({"unparseable", "too_long"})
 
@@ -34,32 +33,6 @@ def repo_location(settings: Settings, entry: RepoEntry) -> Path:
     if entry.path == EMBEDDED_REPO:
         return ensure_sample_repo(settings.data_dir / "sample_repo")
     return settings.repo_path(entry)
-
-
-def memo_key(*parts: Any) -> str:
-    return sha256_bytes(canonical_json(list(parts)))
-
-
-class Memo:
-    """Content-addressed JSON values in the artifact store (atomic writes, safe to share between runs)."""
-
-    def __init__(self, store: ArtifactStore, namespace: str) -> None:
-        self.folder = store.root / MEMO / namespace
-        self.store = store
-        self.hits = 0
-
-    def _path(self, key: str) -> Path:
-        return self.folder / key[:2] / f"{key}.json"
-
-    def get(self, key: str) -> Any | None:
-        path = self._path(key)
-        if not path.is_file():
-            return None
-        self.hits += 1
-        return json.loads(path.read_text(encoding="utf-8"))
-
-    def put(self, key: str, value: Any) -> None:
-        self.store.write_bytes(self._path(key), canonical_json(value))
 
 
 def remembered_answer(item: ItemResult) -> dict[str, Any] | None:
@@ -99,10 +72,12 @@ def load_snapshots(store: ArtifactStore, day: str) -> list[Snapshot]:
     return [Snapshot.model_validate(item) for item in data]
 
 
-def read_partition(store: ArtifactStore, asset: str, day: str) -> Any:
+def read_results(store: ArtifactStore, asset: str, day: str, model: type[RowT]) -> list[RowT]:
+    """An upstream asset's `results.json`, validated with the row model its asset wrote it with."""
     if not store.exists(asset, day, "results.json"):
         raise FileNotFoundError(f"{asset} has no partition {day}: materialize it first")
-    return store.read_json(asset, day, "results.json")
+    where = str(store.folder(asset, day) / "results.json")
+    return read_rows(model, store.read_json(asset, day, "results.json"), where)
 
 
 class LaneUsage:
@@ -120,20 +95,20 @@ class LaneUsage:
         cached = sum(s.cached_prompt_tokens for s in summaries)
         completion = sum(s.completion_tokens for s in summaries)
         wall = sum(s.wall_s for s in summaries)
-        return {
-            "llm_requests": sum(s.requests_sent for s in summaries),
-            "llm_answered": sum(s.answered for s in summaries),
-            "cache_hits": memo_hits + sum(s.cache_hits for s in summaries),
-            "memo_hits": memo_hits,
-            "response_cache_hits": sum(s.cache_hits for s in summaries),
-            "prompt_tokens": prompt,
-            "cached_prompt_tokens": cached,
-            "completion_tokens": completion,
-            "generation_tokens_per_s": round(completion / wall, 2) if wall > 0 else 0.0,
-            "prompt_tokens_per_s": round((prompt - cached) / wall, 2) if wall > 0 else 0.0,
-            "prefix_reuse": round(cached / prompt, 4) if prompt else 0.0,
-            "llm_wall_s": round(wall, 3),
-        }
+        return LaneUsageFigures(
+            llm_requests=sum(s.requests_sent for s in summaries),
+            llm_answered=sum(s.answered for s in summaries),
+            cache_hits=memo_hits + sum(s.cache_hits for s in summaries),
+            memo_hits=memo_hits,
+            response_cache_hits=sum(s.cache_hits for s in summaries),
+            prompt_tokens=prompt,
+            cached_prompt_tokens=cached,
+            completion_tokens=completion,
+            generation_tokens_per_s=round(completion / wall, 2) if wall > 0 else 0.0,
+            prompt_tokens_per_s=round((prompt - cached) / wall, 2) if wall > 0 else 0.0,
+            prefix_reuse=round(cached / prompt, 4) if prompt else 0.0,
+            llm_wall_s=round(wall, 3),
+        ).metadata()
 
 
 class LaneQuestions:

@@ -7,20 +7,21 @@ length with its own tokenizer, split by content hash, saved with `datasets` at
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from datetime import date
 from pathlib import Path
-from typing import Any
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from lanes_pipeline.cpu_lane.assets.common import (
     load_snapshots,
     md_table,
-    read_partition,
+    read_results,
     repo_location,
     write_partition,
 )
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, load_token_counter, save_dataset, shape
 from lanes_pipeline.cpu_lane.repos import read_blobs
+from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, GeneratedTestRow, RefactorRow
+from lanes_pipeline.cpu_lane.tasks import FileAnalysis
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.engines import embedded_hf_model
 from lanes_pipeline.gpu_lane import training_window as dataset_window
@@ -29,16 +30,16 @@ from lanes_pipeline.settings import EMBEDDED, Settings
 from lanes_pipeline.store import sha256_tree
 
 
-def explanation(analysis: dict[str, Any]) -> str:
+def explanation(analysis: FileAnalysis) -> str:
     """An accepted analysis as the assistant's answer to "explain this code"."""
-    parts = [f"Summary: {analysis['summary'].strip()}"]
-    if analysis["public_api"]:
-        parts.append("Public API: " + ", ".join(analysis["public_api"]))
-    if analysis["risks"]:
-        parts.append("Risks:\n" + "\n".join(f"- {r}" for r in analysis["risks"]))
-    if analysis["test_ideas"]:
-        parts.append("Test ideas:\n" + "\n".join(f"- {t}" for t in analysis["test_ideas"]))
-    parts.append(f"Complexity: {analysis['complexity']}")
+    parts = [f"Summary: {analysis.summary.strip()}"]
+    if analysis.public_api:
+        parts.append("Public API: " + ", ".join(analysis.public_api))
+    if analysis.risks:
+        parts.append("Risks:\n" + "\n".join(f"- {r}" for r in analysis.risks))
+    if analysis.test_ideas:
+        parts.append("Test ideas:\n" + "\n".join(f"- {t}" for t in analysis.test_ideas))
+    parts.append(f"Complexity: {analysis.complexity}")
     return "\n".join(parts)
 
 
@@ -49,46 +50,46 @@ def base_model_dir(settings: Settings) -> Path:
 
 
 def candidates_of_day(
-    analyses: list[dict[str, Any]],
-    tests: list[dict[str, Any]],
-    diffs: list[dict[str, Any]],
+    analyses: list[AnalysisRow],
+    tests: list[GeneratedTestRow],
+    diffs: list[RefactorRow],
     changed: dict[str, set[str]],
     sources: dict[tuple[str, str], str],
 ) -> list[Candidate]:
     """Accepted results only: analyses of files changed that day, passing tests, accepted diffs. Pure."""
     found: list[Candidate] = []
     for repo in analyses:
-        for item in repo["files"]:
-            if item["path"] in changed.get(repo["repo"], set()) and item.get("accepted"):
+        for item in repo.files:
+            if item.path in changed.get(repo.repo, set()) and item.accepted and item.analysis is not None:
                 found.append(
                     Candidate(
                         task="explain",
-                        repo=repo["repo"],
-                        path=item["path"],
-                        code=sources[(repo["repo"], item["path"])],
-                        answer=explanation(item["analysis"]),
+                        repo=repo.repo,
+                        path=item.path,
+                        code=sources[(repo.repo, item.path)],
+                        answer=explanation(item.analysis),
                     )
                 )
     for test in tests:
-        if test["verdict"] == "passed":
+        if test.accepted and test.code is not None:
             found.append(
                 Candidate(
                     task="write_tests",
-                    repo=test["repo"],
-                    path=test["path"],
-                    code=sources[(test["repo"], test["path"])],
-                    answer=f"```python\n{test['code'].rstrip()}\n```",
+                    repo=test.repo,
+                    path=test.path,
+                    code=sources[(test.repo, test.path)],
+                    answer=f"```python\n{test.code.rstrip()}\n```",
                 )
             )
     for diff in diffs:
-        if diff["verdict"] == "accepted":
+        if diff.accepted and diff.diff is not None:
             found.append(
                 Candidate(
                     task="refactor_diff",
-                    repo=diff["repo"],
-                    path=diff["path"],
-                    code=sources[(diff["repo"], diff["path"])],
-                    answer=f"```diff\n{diff['diff'].rstrip()}\n```",
+                    repo=diff.repo,
+                    path=diff.path,
+                    code=sources[(diff.repo, diff.path)],
+                    answer=f"```diff\n{diff.diff.rstrip()}\n```",
                 )
             )
     return found
@@ -121,9 +122,9 @@ def lora_dataset(
         blobs = read_blobs(repo_location(settings, entries[snapshot.repo]), [f.blob for f in snapshot.files])
         sources.update({(snapshot.repo, f.path): blobs[f.blob].decode("utf-8") for f in snapshot.files})
     candidates = candidates_of_day(
-        read_partition(store, "repo_analysis", day),
-        read_partition(store, "generated_tests", day),
-        read_partition(store, "refactor_proposals", day),
+        read_results(store, "repo_analysis", day, AnalysisRow),
+        read_results(store, "generated_tests", day, GeneratedTestRow),
+        read_results(store, "refactor_proposals", day, RefactorRow),
         {s.repo: set(s.changed) for s in snapshots},
         sources,
     )
@@ -155,9 +156,13 @@ def lora_dataset(
     counts = shaped.counts()
     return MaterializeResult(
         metadata={
-            "candidates": len(candidates),
             **counts,
-            "dagster/row_count": counts["train_rows"] + counts["eval_rows"],
+            **DatasetFigures(
+                candidates=len(candidates),
+                train_rows=counts["train_rows"],
+                eval_rows=counts["eval_rows"],
+                row_count=counts["train_rows"] + counts["eval_rows"],
+            ).metadata(),
             "max_seq_len": settings.training.max_seq_len,
             "dropped": md_table(
                 ["task", "repo", "path", "reason", "detail"],

@@ -11,25 +11,38 @@ from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from lanes_pipeline.cpu_lane.assets.common import (
     LaneQuestions,
-    Memo,
     load_snapshots,
     md_table,
-    memo_key,
     ratio,
-    read_partition,
+    read_results,
     remembered_answer,
     repo_location,
     write_partition,
 )
 from lanes_pipeline.cpu_lane.assets.tests import generated_tests, target_files
+from lanes_pipeline.cpu_lane.judging import DiffJudge
+from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.sandbox import detect_isolation
-from lanes_pipeline.cpu_lane.tasks import REFACTOR_DIFF, TASKS_VERSION, file_prompt, parse_diff
-from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff
+from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, RefactorFigures, RefactorRow, RememberedAnswer
+from lanes_pipeline.cpu_lane.tasks import REFACTOR_DIFF, TASKS_VERSION, file_prompt
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
-from lanes_pipeline.store import canonical_json, sha256_bytes
+
+
+def figures(items: list[RefactorRow], checks: Memo) -> dict[str, Any]:
+    """The asset's figures, and a count per rejection verdict (`rejected_<verdict>`)."""
+    counts = Counter(item.verdict for item in items)
+    accepted = counts.get("accepted", 0)
+    return {
+        **RefactorFigures(
+            proposals=len(items),
+            accepted=accepted,
+            acceptance_rate=ratio(accepted, len(items)),
+            check_memo_hits=checks.hits,
+        ).metadata(),
+        **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "accepted"},
+    }
 
 
 @asset(
@@ -48,14 +61,13 @@ def refactor_proposals(
 ) -> MaterializeResult:
     settings = pipeline_settings.load()
     config = settings.pipeline.cpu_assets
-    limits = config.sandbox.model_dump()
     store = artifact_store.store()
     lane = LaneQuestions("refactor_proposals", cpu_lane, Memo(store, "refactor_diff"), context.log)
     checks = Memo(store, "diff_check")
+    judge = DiffJudge(checks, config.sandbox)
     entries = {e.name: e for e in settings.repos.repos}
-    tests = read_partition(store, "generated_tests", context.partition_key)
-    isolation = None
-    items: list[dict[str, Any]] = []
+    tests = read_results(store, "generated_tests", context.partition_key, GeneratedTestRow)
+    items: list[RefactorRow] = []
     for snapshot in load_snapshots(store, context.partition_key):
         targets = target_files(snapshot, config.max_files_per_day)
         if snapshot.commit is None or not targets:
@@ -77,66 +89,21 @@ def refactor_proposals(
             prompt=lambda f, text: file_prompt(f.path, text),
             shape=remembered_answer,
         )
-        accepted_tests = {
-            t["test_file"]: t["code"]
-            for t in tests
-            if t["repo"] == snapshot.repo and t["verdict"] == "passed"
-        }
-        tests_hash = sha256_bytes(canonical_json(accepted_tests))
-        baseline: str | None = None
-        for file in targets:
-            base = {"repo": snapshot.repo, "path": file.path}
-            answer = known[file.path]
-            if answer is None or answer["answer"] is None:
-                reason = answer["reason"] if answer else "the CPU lane did not answer"
-                items.append({**base, "diff": None, "verdict": "no_answer", "reason": reason})
-                continue
-            parsed = parse_diff(answer["answer"], file.path)
-            if isinstance(parsed, tuple):
-                items.append({**base, "diff": None, "verdict": parsed[0], "reason": parsed[1]})
-                continue
-            check_key = memo_key(
-                "diff_check",
-                TASKS_VERSION,
-                sha256_bytes(parsed.text.encode()),
-                snapshot.commit,
-                tests_hash,
-                limits,
-            )
-            check = checks.get(check_key)
-            if check is None:
-                isolation = isolation or detect_isolation()
-                if baseline is None:
-                    baseline = baseline_passes(repo, snapshot.commit, config.sandbox, isolation)
-                if baseline:
-                    check = {
-                        "verdict": "baseline_failing",
-                        "reason": f"tests fail without the diff: {baseline}",
-                    }
-                else:
-                    judged = check_diff(
-                        repo, snapshot.commit, parsed, accepted_tests, config.sandbox, isolation
-                    )
-                    check = {"verdict": judged.verdict, "reason": judged.reason[:600]}
-                checks.put(check_key, check)
-            items.append({**base, "diff": parsed.text, **check})
+        answers = {f.path: RememberedAnswer.read(known[f.path]) for f in targets}
+        items += judge.rows(snapshot.repo, repo, snapshot.commit, tests, answers)
     lane.check_failures()
     content_hash = write_partition(
-        store, "refactor_proposals", context.partition_key, {"results.json": items}
+        store,
+        "refactor_proposals",
+        context.partition_key,
+        {"results.json": [i.model_dump(mode="json") for i in items]},
     )
-    counts = Counter(item["verdict"] for item in items)
-    accepted = counts.get("accepted", 0)
     return MaterializeResult(
         metadata={
-            "proposals": len(items),
-            "accepted": accepted,
-            "acceptance_rate": ratio(accepted, len(items)),
-            **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "accepted"},
-            "check_memo_hits": checks.hits,
+            **figures(items, checks),
             **lane.metadata(),
             "verdicts": md_table(
-                ["repo", "file", "verdict", "reason"],
-                [(i["repo"], i["path"], i["verdict"], i["reason"]) for i in items],
+                ["repo", "file", "verdict", "reason"], [(i.repo, i.path, i.verdict, i.reason) for i in items]
             ),
             "artifact_hash": content_hash,
         }

@@ -12,34 +12,31 @@ from dagster import AssetExecutionContext, MaterializeResult, asset
 from lanes_pipeline.cpu_lane.assets.analysis import repo_analysis
 from lanes_pipeline.cpu_lane.assets.common import (
     LaneQuestions,
-    Memo,
     load_snapshots,
     md_table,
-    memo_key,
     ratio,
-    read_partition,
+    read_results,
     remembered_answer,
     repo_location,
     write_partition,
 )
-from lanes_pipeline.cpu_lane.repos import is_test_path, module_name
+from lanes_pipeline.cpu_lane.judging import GeneratedTestJudge
+from lanes_pipeline.cpu_lane.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, is_test_path, module_name
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.sandbox import detect_isolation
-from lanes_pipeline.cpu_lane.tasks import (
-    TASKS_VERSION,
-    WRITE_TESTS,
-    extract_block,
-    file_prompt,
-    test_module_name,
+from lanes_pipeline.cpu_lane.rows import (
+    AnalysisRow,
+    GeneratedTestRow,
+    GeneratedTestsFigures,
+    RememberedAnswer,
 )
-from lanes_pipeline.cpu_lane.verification import judge_generated_test
+from lanes_pipeline.cpu_lane.tasks import TASKS_VERSION, WRITE_TESTS, file_prompt
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
-from lanes_pipeline.store import sha256_bytes
 
 
-def target_files(snapshot: Any, limit: int) -> list[Any]:
+def target_files(snapshot: Snapshot, limit: int) -> list[FileEntry]:
     """The day's changed source files (not tests themselves), in path order, at most `limit`."""
     changed = set(snapshot.changed)
     files = [
@@ -48,11 +45,27 @@ def target_files(snapshot: Any, limit: int) -> list[Any]:
     return files[:limit]
 
 
-def test_notes(analysis_repo: dict[str, Any] | None, path: str) -> str:
-    for item in (analysis_repo or {}).get("files", []):
-        if item["path"] == path and item.get("status") == "ok":
-            return "; ".join(item["analysis"]["test_ideas"])
+def test_notes(analysis: AnalysisRow | None, path: str) -> str:
+    for item in analysis.files if analysis else []:
+        if item.path == path and item.status == "ok" and item.analysis is not None:
+            return "; ".join(item.analysis.test_ideas)
     return ""
+
+
+def figures(items: list[GeneratedTestRow], judge: GeneratedTestJudge, verdicts: Memo) -> dict[str, Any]:
+    """The asset's figures, and a count per rejection verdict (`rejected_<verdict>`)."""
+    counts = Counter(item.verdict for item in items)
+    accepted = counts.get("passed", 0)
+    return {
+        **GeneratedTestsFigures(
+            candidates=len(items),
+            accepted=accepted,
+            acceptance_rate=ratio(accepted, len(items)),
+            sandbox_runs=judge.sandbox_runs,
+            verdict_memo_hits=verdicts.hits,
+        ).metadata(),
+        **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "passed"},
+    }
 
 
 @asset(
@@ -74,11 +87,10 @@ def generated_tests(
     store = artifact_store.store()
     lane = LaneQuestions("generated_tests", cpu_lane, Memo(store, "write_tests"), context.log)
     verdicts = Memo(store, "test_verdict")
+    judge = GeneratedTestJudge(verdicts, config.sandbox)
     entries = {e.name: e for e in settings.repos.repos}
-    analyses = {r["repo"]: r for r in read_partition(store, "repo_analysis", context.partition_key)}
-    isolation = None
-    items: list[dict[str, Any]] = []
-    sandbox_runs = 0
+    analyses = {r.repo: r for r in read_results(store, "repo_analysis", context.partition_key, AnalysisRow)}
+    items: list[GeneratedTestRow] = []
     for snapshot in load_snapshots(store, context.partition_key):
         targets = target_files(snapshot, config.max_files_per_day)
         if snapshot.commit is None or not targets:
@@ -107,56 +119,21 @@ def generated_tests(
             prompt=lambda f, text, notes=notes: file_prompt(f.path, text, module_name(f.path), notes[f.path]),
             shape=remembered_answer,
         )
-        for file in targets:
-            answer = known[file.path]
-            base = {
-                "repo": snapshot.repo,
-                "path": file.path,
-                "module": module_name(file.path),
-                "test_file": test_module_name(file.path),
-            }
-            if answer is None or answer["answer"] is None:
-                reason = answer["reason"] if answer else "the CPU lane did not answer"
-                items.append({**base, "code": None, "verdict": "no_answer", "reason": reason})
-                continue
-            code = extract_block(answer["answer"], ("python", "py")).strip() + "\n"
-            verdict_key = memo_key(
-                "test_verdict",
-                TASKS_VERSION,
-                sha256_bytes(code.encode()),
-                snapshot.commit,
-                config.sandbox.model_dump(),
-            )
-            verdict = verdicts.get(verdict_key)
-            if verdict is None:
-                isolation = isolation or detect_isolation()
-                judged = judge_generated_test(
-                    repo, snapshot.commit, file.path, module_name(file.path), code, config.sandbox, isolation
-                )
-                sandbox_runs += len(judged.runs)
-                verdict = {
-                    "verdict": judged.verdict,
-                    "reason": judged.reason[:600],
-                    "runs": [r.outcome for r in judged.runs],
-                }
-                verdicts.put(verdict_key, verdict)
-            items.append({**base, "code": code, **verdict})
+        answers = {f.path: RememberedAnswer.read(known[f.path]) for f in targets}
+        items += judge.rows(snapshot.repo, repo, snapshot.commit, answers)
     lane.check_failures()
-    content_hash = write_partition(store, "generated_tests", context.partition_key, {"results.json": items})
-    counts = Counter(item["verdict"] for item in items)
-    accepted = counts.get("passed", 0)
+    content_hash = write_partition(
+        store,
+        "generated_tests",
+        context.partition_key,
+        {"results.json": [i.model_dump(mode="json") for i in items]},
+    )
     return MaterializeResult(
         metadata={
-            "candidates": len(items),
-            "accepted": accepted,
-            "acceptance_rate": ratio(accepted, len(items)),
-            **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "passed"},
-            "sandbox_runs": sandbox_runs,
-            "verdict_memo_hits": verdicts.hits,
+            **figures(items, judge, verdicts),
             **lane.metadata(),
             "verdicts": md_table(
-                ["repo", "file", "verdict", "reason"],
-                [(i["repo"], i["path"], i["verdict"], i["reason"]) for i in items],
+                ["repo", "file", "verdict", "reason"], [(i.repo, i.path, i.verdict, i.reason) for i in items]
             ),
             "artifact_hash": content_hash,
         }

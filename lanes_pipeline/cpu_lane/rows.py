@@ -1,0 +1,221 @@
+"""What the CPU-lane assets write, declared once: the rows of each asset's `results.json`, the values they
+remember, and the figures of their metadata that `lanes run`'s summary reads.
+
+The asset that writes a row builds it from these models; an asset that reads it validates it with the same
+model (`read_rows`), so a renamed or missing field fails where it is read, naming the file. The JSON keeps
+the shape it always had: an optional field that is not set is left out (`exclude_if`), not written as null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from lanes_pipeline.cpu_lane.sandbox import Outcome, Verdict
+from lanes_pipeline.cpu_lane.tasks import DiffRejection, FileAnalysis
+from lanes_pipeline.cpu_lane.verification import DiffVerdict
+
+
+def _unset(value: object) -> bool:
+    return value is None
+
+
+class Row(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+RowT = TypeVar("RowT", bound=Row)
+
+
+def read_rows(model: type[RowT], data: Any, where: str) -> list[RowT]:
+    """A `results.json` list as rows; a row that does not fit says which file and why."""
+    try:
+        return TypeAdapter(list[model]).validate_python(data)  # type: ignore[valid-type]
+    except ValidationError as exc:
+        raise ValueError(f"{where}: not a list of {model.__name__} rows: {exc}") from None
+
+
+# --- answers the lane gave, as remembered (memo values) ---------------------------------------------------
+
+
+class RememberedAnswer(Row):
+    """A free-text answer (a test module, a diff), or the deterministic failure that stands for one."""
+
+    answer: str | None
+    reason: str | None = Field(None, exclude_if=_unset)
+
+    @classmethod
+    def read(cls, value: Any) -> RememberedAnswer | None:
+        """A remembered value as an answer; None (nothing remembered: a transient failure) stays None."""
+        return None if value is None else cls.model_validate(value)
+
+    def why_not(self) -> str:
+        return self.reason or "the CPU lane did not answer"
+
+
+# --- repo_analysis ----------------------------------------------------------------------------------------
+
+AnalysisStatus = Literal["ok", "unparseable", "too_long", "failed"]
+
+
+class AnalysisAnswer(Row):
+    """A file's analysis as remembered: the validated analysis, or why there is none."""
+
+    status: AnalysisStatus
+    analysis: FileAnalysis | None = Field(None, exclude_if=_unset)
+    reason: str | None = Field(None, exclude_if=_unset)
+
+
+class FileAnalysisRow(AnalysisAnswer):
+    """One file of `repo_analysis/<day>/results.json`; `accepted` only where the analysis is ok."""
+
+    path: str
+    blob: str
+    accepted: bool | None = Field(None, exclude_if=_unset)
+
+
+class AnalysisRow(Row):
+    """One repository of `repo_analysis/<day>/results.json`."""
+
+    repo: str
+    commit: str | None
+    files: list[FileAnalysisRow]
+
+
+# --- generated_tests --------------------------------------------------------------------------------------
+
+TestRowVerdict = Verdict | Literal["no_answer"]
+
+
+class TestVerdictRecord(Row):
+    """The sandbox's verdict on one generated test module, as remembered."""
+
+    verdict: Verdict
+    reason: str
+    runs: list[Outcome]
+
+
+class GeneratedTestRow(Row):
+    """One row of `generated_tests/<day>/results.json`: `code` is None when the lane gave no module."""
+
+    repo: str
+    path: str
+    module: str
+    test_file: str
+    code: str | None
+    verdict: TestRowVerdict
+    reason: str
+    runs: list[Outcome] | None = Field(None, exclude_if=_unset)
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "passed"
+
+
+# --- refactor_proposals -----------------------------------------------------------------------------------
+
+RefactorVerdict = DiffVerdict | DiffRejection | Literal["no_answer"]
+
+
+class DiffCheckRecord(Row):
+    """The sandbox's verdict on one proposed diff, as remembered."""
+
+    verdict: DiffVerdict
+    reason: str
+
+
+class RefactorRow(Row):
+    """One row of `refactor_proposals/<day>/results.json`: `diff` is None when no diff could be judged."""
+
+    repo: str
+    path: str
+    diff: str | None
+    verdict: RefactorVerdict
+    reason: str
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "accepted"
+
+
+# --- figures: the metadata names each asset writes and the run summary reads ------------------------------
+
+
+class Figures(BaseModel):
+    """Figures of one asset's metadata. Read back from a materialization's whole metadata (other keys are
+    ignored); a figure it lacks reads as 0."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    @classmethod
+    def read(cls, metadata: Mapping[str, Any]) -> Any:
+        return cls.model_validate(dict(metadata))
+
+    def metadata(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True)
+
+
+class LaneUsageFigures(Figures):
+    """What a CPU-lane asset asked the lane (LaneQuestions): `llm_requests` is the count the summary's
+    "0 LLM calls" proof adds up."""
+
+    llm_requests: int = 0
+    llm_answered: int = 0
+    cache_hits: int = 0
+    memo_hits: int = 0
+    response_cache_hits: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    generation_tokens_per_s: float = 0.0
+    prompt_tokens_per_s: float = 0.0
+    prefix_reuse: float = 0.0
+    llm_wall_s: float = 0.0
+
+    @staticmethod
+    def recorded_in(metadata: Mapping[str, Any]) -> bool:
+        """Whether a materialization's metadata holds lane usage (a CPU-lane asset's)."""
+        return "llm_requests" in metadata
+
+
+class SnapshotFigures(Figures):
+    repos: int = 0
+    files: int = 0
+    changed_files: int = 0
+    deleted_files: int = 0
+    left_out_files: int = 0
+
+
+class AnalysisFigures(Figures):
+    files: int = 0
+    analysed_ok: int = 0
+    unparseable: int = 0
+    unparseable_ratio: float = 0.0
+    too_long: int = 0
+    failed_transient: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0
+
+
+class GeneratedTestsFigures(Figures):
+    candidates: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0
+    sandbox_runs: int = 0
+    verdict_memo_hits: int = 0
+
+
+class RefactorFigures(Figures):
+    proposals: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0
+    check_memo_hits: int = 0
+
+
+class DatasetFigures(Figures):
+    candidates: int = 0
+    train_rows: int = 0
+    eval_rows: int = 0
+    row_count: int = Field(0, alias="dagster/row_count")
