@@ -19,6 +19,7 @@ from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.daily.schedules import daily_schedule
 from lanes_pipeline.gpu_lane import assets as gpu_lane
+from lanes_pipeline.gpu_lane.checks import build_gpu_checks
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.gpu_lane.sensors import SENSORS
 from lanes_pipeline.settings import Settings, load_settings
@@ -30,13 +31,17 @@ DAILY_MODULES = [snapshot, analysis, testgen, refactor, lora_dataset, gpu_lane]
 def daily_assets(settings: Settings) -> dict[str, AssetsDefinition]:
     """Every daily lane asset by name, on the configured partitions (tests materialize them directly)."""
     assets = partitioned_daily(load_assets_from_modules(DAILY_MODULES), daily_partitions(settings))  # type: ignore[arg-type]
+    assets = gpu_lane.with_training_window(assets, settings.training.replay_window_days)
     return {asset.key.to_user_string(): asset for asset in assets}
 
 
 def build_definitions(settings: Settings) -> Definitions:
     return Definitions(
         assets=[*load_assets_from_modules([lane_probes]), *daily_assets(settings).values()],
-        asset_checks=build_checks(daily_partitions(settings)),
+        asset_checks=[
+            *build_checks(daily_partitions(settings)),
+            *build_gpu_checks(daily_partitions(settings)),
+        ],
         jobs=JOBS,
         schedules=[daily_schedule(settings)],
         sensors=SENSORS,

@@ -267,6 +267,16 @@ class TrainingConfig(StrictModel):
         0.0, ge=0, le=1, description="how far the task score may drop below base and current"
     )
     eval_max_samples: int = Field(64, ge=1, description="held-out rows scored for eval loss")
+    min_train_rows: int = Field(
+        4, ge=1, description="a window with fewer training rows trains no adapter that day (not a failure)"
+    )
+    min_eval_rows: int = Field(
+        2, ge=1, description="fewer held-out rows than this: eval loss is not judged and nothing is promoted"
+    )
+    group_by_length: bool = Field(True, description="batch samples of similar length: less padding")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the trainer runs: auto = CUDA when torch sees one, else the CPU"
+    )
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:

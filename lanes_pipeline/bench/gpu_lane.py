@@ -27,7 +27,7 @@ from lanes_pipeline.gpu_lane.training.runner import run_training
 from lanes_pipeline.gpu_lane.training.spec import TrainSpec, TrainSummary
 from lanes_pipeline.gpu_lane.training_window import make_row, partition_dir, save_dataset
 from lanes_pipeline.http import ChatMessage, ChatRequest
-from lanes_pipeline.settings import LoraSettings, Settings
+from lanes_pipeline.settings import LoraSettings, Settings, TrainingConfig
 
 DAY = date(2026, 11, 1)
 SHORT_SAMPLES = 96
@@ -71,7 +71,7 @@ def short_rows(count: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def _train(spec: TrainSpec, log: Path) -> TrainSummary:
-    return run_training(spec, lambda event: None, log)
+    return run_training(spec, log)  # outside Dagster: the trainer prints its progress, read here
 
 
 def _mean(summaries: list[TrainSummary]) -> TrainSummary:
@@ -90,16 +90,8 @@ def training_comparison(settings: Settings, work: Path) -> dict[str, Any]:
     rows = short_rows(SHORT_SAMPLES)
     data = save_dataset(partition_dir(work / "artifacts", DAY), rows, rows[:8])
     base = str(engines.embedded_hf_model(settings.data_dir).resolve())
-    common = {
-        "base_model_dir": base,
-        "dataset_dirs": [str(data)],
-        "lora": LoraSettings(r=8, alpha=16, dropout=0.0),
-        "learning_rate": 2e-4,
-        "batch_size": 4,
-        "gradient_accumulation_steps": 1,
-        "seed": 0,
-        "device": "cpu",
-    }
+    # The shipped defaults (TrainingConfig), with what this comparison fixes: no dropout, the CPU.
+    common = TrainingConfig(lora=LoraSettings(dropout=0.0), device="cpu")
     # Packed rows hold about 8 samples each: fewer steps for about the same tokens.
     configs = {
         "loop": {"trainer": "loop", "packing": False, "max_steps": STEPS_UNPACKED, "max_seq_len": 512},
@@ -112,7 +104,12 @@ def training_comparison(settings: Settings, work: Path) -> dict[str, Any]:
     order = ["loop", "trl", "trl", "loop", "loop_packed", "trl_packed", "trl_packed", "loop_packed"]
     runs: dict[str, list[TrainSummary]] = {name: [] for name in configs}
     for index, name in enumerate(order):
-        spec = TrainSpec(**common, **configs[name], output_dir=str(work / "adapters" / f"{name}-{index}"))
+        spec = TrainSpec(
+            training=common.model_copy(update=configs[name]),
+            base_model_dir=base,
+            dataset_dirs=[str(data)],
+            output_dir=str(work / "adapters" / f"{name}-{index}"),
+        )
         runs[name].append(_train(spec, work / f"{name}-{index}.log"))
     results = {name: _mean(summaries) for name, summaries in runs.items()}
     figures = {

@@ -7,13 +7,13 @@ from datetime import date
 import click
 
 from lanes_pipeline.errors import LaneError, ServingError
-from lanes_pipeline.gpu_lane.adapters import (
-    IncompatibleAdapterError,
-    UnknownVersionError,
-    supported_target_modules,
+from lanes_pipeline.gpu_lane.adapters import IncompatibleAdapterError, UnknownVersionError
+from lanes_pipeline.gpu_lane.resources import (
+    AdapterRegistryResource,
+    GpuLaneResource,
+    LoraTrainingResource,
+    service_for,
 )
-from lanes_pipeline.gpu_lane.client import VllmClient
-from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.settings import ConfigError, load_settings
 
@@ -38,15 +38,7 @@ def _service(
     url = gpu_lane.running_url()
     if url is None:
         raise click.ClickException("the embedded GPU lane is not running; start it with `lanes serve gpu`")
-    return AdapterService(
-        client=VllmClient(url, gpu_lane.api_key(), timeout_s=gpu_lane.request_timeout_s),
-        registry=registry.registry(),
-        base_model=gpu_lane.served_model_name,
-        alias=gpu_lane.alias_name,
-        max_loaded=gpu_lane.max_loaded_versions,
-        max_lora_rank=gpu_lane.max_lora_rank,
-        supported_modules=supported_target_modules(training.base_model_path()),
-    )
+    return service_for(gpu_lane, registry, training, gpu_lane.vllm(url))
 
 
 def _fail(exc: Exception) -> click.ClickException:

@@ -49,6 +49,6 @@ def cpu_lane_probe(context: AssetExecutionContext, cpu_lane: CpuLaneResource) ->
 @with_host_figures
 def gpu_lane_probe(context: AssetExecutionContext, gpu_lane: GpuLaneResource) -> MaterializeResult:
     with gpu_lane.client() as client:
-        result = probe(client, gpu_lane.served_model_name)
+        result = probe(client, gpu_lane.config.served_model_name)
     context.log.info(f"GPU lane answered at {result.generation_tokens_per_s} tok/s: {result.answer[:80]!r}")
     return _result(result, gpu_lane.url)

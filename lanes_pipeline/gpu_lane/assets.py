@@ -1,30 +1,43 @@
 """The GPU lane's daily adapter: train it (lora_adapter), judge it (adapter_evaluation), serve it
-(served_adapter). The work is in `training/`, `adapter_serving.py` and `evaluation.py`; these assets
-orchestrate it and record what happened as metadata and in the version registry."""
+(served_adapter). The work is in `training/`, `measurement.py`, `evaluation.py` and `serving.py`; these
+assets orchestrate it and record what happened as metadata and in the version registry.
+
+A day never fails for want of data: a window with too few training rows trains no adapter, and all three
+assets materialize with "no adapter today" and why (asking vLLM nothing); a candidate with too few held-out
+rows to judge is not promoted, with the reason. Errors that the same inputs would raise again are not
+retried (`failing_for_good`); a lane that is down or busy is (LANE_RETRY).
+"""
 
 import base64
 import hashlib
 import json
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
-from dataclasses import dataclass
-from datetime import date
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
 from dagster import (
+    AssetDep,
     AssetExecutionContext,
     AssetKey,
+    AssetsDefinition,
+    AssetSpec,
     Failure,
+    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
+    TimeWindowPartitionMapping,
     asset,
+    map_asset_specs,
 )
+from pydantic import BaseModel
 
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource
+from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.adapters import (
+    AdapterRegistry,
     IncompatibleAdapterError,
     Version,
     check_adapter_dir,
@@ -32,67 +45,71 @@ from lanes_pipeline.gpu_lane.adapters import (
     next_version_name,
     supported_target_modules,
 )
-from lanes_pipeline.gpu_lane.client import VllmClient, asleep
-from lanes_pipeline.gpu_lane.evaluation import Figures as EvalFigures
-from lanes_pipeline.gpu_lane.evaluation import TaskScore, promotion_decision, task_score
-from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
-from lanes_pipeline.gpu_lane.serving import AdapterService
-from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_evaluation, run_training
-from lanes_pipeline.gpu_lane.training.spec import LOSS_CURVE, EvalSpec, TrainSpec, TrainSummary
+from lanes_pipeline.gpu_lane.client import asleep
+from lanes_pipeline.gpu_lane.evaluation import Decision, promotion_decision
+from lanes_pipeline.gpu_lane.measurement import measure, measurement_inputs, recorded
+from lanes_pipeline.gpu_lane.resources import (
+    AdapterRegistryResource,
+    GpuLaneResource,
+    LoraTrainingResource,
+    service_for,
+)
+from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_training
+from lanes_pipeline.gpu_lane.training.spec import LOSS_CURVE, TrainSpec, TrainSummary
 from lanes_pipeline.gpu_lane.training_window import dataset_root, fingerprint, load_split, window_dirs
 from lanes_pipeline.host import with_host_figures
-from lanes_pipeline.settings import TrainingConfig, data_dir
+from lanes_pipeline.settings import ConfigError, TrainingConfig, data_dir
+from lanes_pipeline.store import ArtifactStore
 
 GROUP, POOL = "gpu_lane", "gpu_lane"
 LORA_DATASET = AssetKey("lora_dataset")
+DAY_OUTCOME = "outcome.json"
+# The schedule serves a day's adapter (or records "no adapter today") once a day: a day late warns, two fail.
+SERVED_FRESHNESS = FreshnessPolicy.time_window(
+    fail_window=timedelta(hours=48), warn_window=timedelta(hours=26)
+)
+
+
+class DayAdapter(BaseModel):
+    """What lora_adapter decided for a day (artifacts/lora_adapter/<day>/outcome.json): the version it
+    trained or reused, or none and why. Evaluation and serving follow it."""
+
+    version: str | None = None
+    reason: str
 
 
 def _day(context: AssetExecutionContext) -> date:
     return date.fromisoformat(context.partition_key)
 
 
-def service_for(
-    gpu_lane: GpuLaneResource,
-    registry: AdapterRegistryResource,
-    training: LoraTrainingResource,
-    client: VllmClient,
-) -> AdapterService:
-    return AdapterService(
-        client=client,
-        registry=registry.registry(),
-        base_model=gpu_lane.served_model_name,
-        alias=gpu_lane.alias_name,
-        max_loaded=gpu_lane.max_loaded_versions,
-        max_lora_rank=gpu_lane.max_lora_rank,
-        supported_modules=supported_target_modules(training.base_model_path()),
-    )
+@contextmanager
+def failing_for_good(step: str) -> Iterator[None]:
+    """An error that the same inputs raise again (bad config or data, an incompatible adapter, a missing
+    version) becomes a Failure that skips the retry policy; a lane that is down or busy (LaneError) and a
+    Failure that says otherwise pass through as they are."""
+    try:
+        yield
+    except (Failure, LaneError):
+        raise
+    except (ValueError, LookupError, ConfigError, FileExistsError) as exc:
+        raise Failure(f"{step}: {exc}", allow_retries=False) from exc
 
 
-def _day_candidate(registry: AdapterRegistryResource, day: date) -> Version:
-    versions = registry.registry().versions(day)
+def _record_outcome(store: ArtifactStore, day: date, outcome: DayAdapter) -> None:
+    store.write_json("lora_adapter", day.isoformat(), DAY_OUTCOME, outcome.model_dump())
+
+
+def day_outcome(store: ArtifactStore, registry: AdapterRegistry, day: date) -> DayAdapter:
+    """The day's adapter as lora_adapter recorded it; without a record, the registry's latest of the day."""
+    if store.exists("lora_adapter", day.isoformat(), DAY_OUTCOME):
+        return DayAdapter.model_validate(store.read_json("lora_adapter", day.isoformat(), DAY_OUTCOME))
+    versions = registry.versions(day)
     if not versions:
-        raise Failure(f"no adapter version for {day}: materialize lora_adapter for this partition first")
-    return versions[-1]
-
-
-def _relay(context: AssetExecutionContext) -> Any:
-    """Trainer events to the Dagster log: every step of a short run, about 50 lines of a long one."""
-
-    def on_event(event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "step":
-            every = max(1, int(event.get("total_steps", 1)) // 50)
-            if event["step"] % every == 0 or event["step"] == event.get("total_steps"):
-                context.log.info(
-                    f"step {event['step']}/{event['total_steps']} loss {event['loss']:.4f} "
-                    f"{event['tokens_per_s']:.0f} tok/s ({event['elapsed_s']:.0f} s)"
-                )
-        elif kind in ("start", "eval"):
-            context.log.info(
-                f"trainer {kind}: {json.dumps({k: v for k, v in event.items() if k != 'event'})}"
-            )
-
-    return on_event
+        raise Failure(
+            f"no adapter version for {day}: materialize lora_adapter for this partition first",
+            allow_retries=False,
+        )
+    return DayAdapter(version=versions[-1].name, reason="the day's latest version in the registry")
 
 
 def _png_markdown(path: Path) -> MetadataValue:
@@ -121,15 +138,24 @@ def _training_metadata(version: Version, summary: TrainSummary, reused: bool) ->
     }
 
 
+def _too_few_rows(rows: int, dirs: list[Path], config: TrainingConfig) -> str:
+    window = ", ".join(d.name for d in dirs)
+    if rows == 0:
+        return f"no training rows in the window ({window})"
+    return (
+        f"{rows} training row(s) in the window ({window}), fewer than min_train_rows {config.min_train_rows}"
+    )
+
+
 @asset(
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
+    # The window of days it reads (TimeWindowPartitionMapping of replay_window_days) is declared when the
+    # definitions load: see `with_training_window` below.
     deps=[LORA_DATASET],
-    # A window without a single training row yields nothing: evaluation and serving are skipped, the alias
-    # stays where it is, and the run still succeeds (a quiet day is not an error).
-    output_required=False,
-    description="PEFT LoRA trained in a subprocess on the window of lora_dataset days; a new version folder.",
+    description="PEFT LoRA trained in a subprocess (Dagster Pipes) on the window of lora_dataset days; a new "
+    "version folder, or no adapter today (too few training rows) with the reason.",
 )
 @with_host_figures
 def lora_adapter(
@@ -138,19 +164,39 @@ def lora_adapter(
     lora_training: LoraTrainingResource,
     adapter_registry: AdapterRegistryResource,
     artifact_store: ArtifactStoreResource,
-) -> Iterator[MaterializeResult]:
-    day, config = _day(context), lora_training.config()
-    artifacts = artifact_store.store().root
-    dirs = window_dirs(artifacts, day, config.replay_window_days)
-    if not dirs:
-        raise Failure(
-            f"no lora_dataset partition in the {config.replay_window_days} days up to {day} under "
-            f"{dataset_root(artifacts)}: materialize lora_dataset first"
-        )
-    rows = len(load_split(dirs, "train"))
-    if rows == 0:
-        context.log.warning(f"no training rows in {', '.join(d.name for d in dirs)}: no adapter for {day}")
-        return
+) -> MaterializeResult:
+    day = _day(context)
+    with failing_for_good(f"lora_adapter for {day}"):
+        config, store = lora_training.config(), artifact_store.store()
+        dirs = window_dirs(store.root, day, config.replay_window_days)
+        if not dirs:
+            raise Failure(
+                f"no lora_dataset partition in the {config.replay_window_days} days up to {day} under "
+                f"{dataset_root(store.root)}: materialize lora_dataset first",
+                allow_retries=False,
+            )
+        rows = len(load_split(dirs, "train"))
+        if rows < config.min_train_rows:
+            why = _too_few_rows(rows, dirs, config)
+            context.log.warning(f"no adapter for {day}: {why}")
+            _record_outcome(store, day, DayAdapter(reason=why))
+            return MaterializeResult(
+                metadata={"no_adapter": why, "train_rows": rows, "window": [d.name for d in dirs]}
+            )
+        metadata = _train_day(context, day, config, dirs, gpu_lane, lora_training, adapter_registry)
+        _record_outcome(store, day, DayAdapter(version=metadata["version"], reason="trained"))
+        return MaterializeResult(metadata={**metadata, "train_rows": rows})
+
+
+def _train_day(
+    context: AssetExecutionContext,
+    day: date,
+    config: TrainingConfig,
+    dirs: list[Path],
+    gpu_lane: GpuLaneResource,
+    lora_training: LoraTrainingResource,
+    adapter_registry: AdapterRegistryResource,
+) -> dict[str, Any]:
     base_dir = lora_training.base_model_path()
     supported = supported_target_modules(base_dir)
     planned = {
@@ -158,7 +204,7 @@ def lora_adapter(
         "lora_alpha": config.lora.alpha,
         "target_modules": config.lora.target_modules,
     }
-    issues = check_lora_config(planned, gpu_lane.max_lora_rank, supported)
+    issues = check_lora_config(planned, gpu_lane.config.max_lora_rank, supported)
     if issues:  # before hours of training, not after
         raise IncompatibleAdapterError(f"planned by configs/training.yaml for {day}", issues)
     registry = adapter_registry.registry()
@@ -170,15 +216,16 @@ def lora_adapter(
     existing = registry.find(day, inputs_hash)
     if existing is not None and Path(existing.path).is_dir():
         context.log.info(f"{existing.name} was trained on exactly these inputs: reusing it")
-        summary = TrainSummary.model_validate(existing.training)
-        yield MaterializeResult(metadata=_training_metadata(existing, summary, reused=True))
-        return
+        return _training_metadata(existing, TrainSummary.model_validate(existing.training), reused=True)
 
     folder = adapter_registry.folder()
     taken = [v.name for v in registry.versions()] + [p.name for p in folder.glob("*") if p.is_dir()]
-    name = next_version_name(gpu_lane.adapter_prefix, day, taken)
-    spec = TrainSpec.from_config(
-        config, str(base_dir), [str(d) for d in dirs], str(folder / name), device=lora_training.device
+    name = next_version_name(gpu_lane.config.adapter_prefix, day, taken)
+    spec = TrainSpec(
+        training=config,
+        base_model_dir=str(base_dir),
+        dataset_dirs=[str(d) for d in dirs],
+        output_dir=str(folder / name),
     )
     waited = gpu_lane.wait_for_quiet_cpu_lane(
         on_busy=lambda n: context.log.info(f"waiting: the CPU lane has {n:g} request(s) in progress")
@@ -189,23 +236,21 @@ def lora_adapter(
             "bandwidth (bandwidth.training_wait_max_s in configs/lanes.yaml); the step is retried later"
         )
     context.log.info(f"training {name} on {len(dirs)} day(s) of data: {', '.join(d.name for d in dirs)}")
-    freeing_gpu = gpu_lane.sleep_mode and _trains_on_cuda(lora_training.device)
+    freeing_gpu = gpu_lane.config.sleep_mode and _trains_on_cuda(config.device)
     log_path = data_dir() / "logs" / f"training-{name}.log"
     try:
         with _gpu_asleep(gpu_lane) if freeing_gpu else nullcontext():
-            summary = run_training(spec, _relay(context), log_path)
+            summary = run_training(spec, log_path, context)
     except TrainingError as exc:
         # A trainer that raised will raise again (data, device, config): no retry; a killed one may not.
         raise Failure(str(exc), allow_retries=exc.transient) from exc
-    check_adapter_dir(folder / name, gpu_lane.max_lora_rank, supported)
+    check_adapter_dir(folder / name, gpu_lane.config.max_lora_rank, supported)
     version = registry.add(name, day, folder / name, inputs_hash, summary.model_dump(mode="json"))
     context.log.info(
         f"{name}: {summary.steps} steps, final loss {summary.final_loss:.4f}, {summary.tokens_per_s} tok/s"
     )
     waited_s = waited.waited_s if waited is not None else 0.0
-    yield MaterializeResult(
-        metadata={**_training_metadata(version, summary, reused=False), "waited_for_cpu_lane_s": waited_s}
-    )
+    return {**_training_metadata(version, summary, reused=False), "waited_for_cpu_lane_s": waited_s}
 
 
 def _trains_on_cuda(device: str) -> bool:
@@ -220,86 +265,16 @@ def _gpu_asleep(gpu_lane: GpuLaneResource) -> Any:
     return asleep(gpu_lane.vllm(), level=1)
 
 
-def _task_scores(client: VllmClient, models: dict[str, str]) -> dict[str, TaskScore]:
-    """label -> score of the served model name; the prompts of the three models run side by side."""
-    with ThreadPoolExecutor(max_workers=len(models)) as pool:
-        futures = {label: pool.submit(task_score, client, served) for label, served in models.items()}
-        return {label: future.result() for label, future in futures.items()}
-
-
-@dataclass
-class Measured:
-    """What adapter_evaluation measures for one candidate: the expensive part (an eval-loss subprocess and
-    task-score requests through vLLM). The promotion decision is a pure function of it."""
-
-    current: str | None  # the promoted version the candidate was measured against
-    figures: dict[str, EvalFigures]
-    scores: dict[str, TaskScore]
-
-
-def _measurement_inputs(config: TrainingConfig) -> dict[str, Any]:
-    """The settings the figures depend on besides the candidate itself (its training inputs fix its data
-    window, thus the held-out split): the same inputs give the same figures, so they are not measured
-    again."""
-    return {"eval_max_samples": config.eval_max_samples, "max_seq_len": config.max_seq_len}
-
-
-def _recorded(candidate: Version, inputs: dict[str, Any]) -> Measured | None:
-    evaluation = candidate.evaluation
-    if evaluation.get("measured_with") != inputs:
-        return None
-    return Measured(
-        current=evaluation["current"],
-        figures={label: EvalFigures.model_validate(f) for label, f in evaluation["figures"].items()},
-        scores={label: TaskScore.model_validate(s) for label, s in evaluation["task_scores"].items()},
+def _decide(measured_figures: dict[str, Any], unjudged: str | None, config: TrainingConfig) -> Decision:
+    if unjudged is not None:
+        return Decision(promote=False, reasons=[f"{unjudged}; not promoted"])
+    return promotion_decision(
+        measured_figures["candidate"],
+        measured_figures["base"],
+        measured_figures.get("current"),
+        config.eval_loss_margin,
+        config.task_score_tolerance,
     )
-
-
-def _measure(
-    context: AssetExecutionContext,
-    candidate: Version,
-    gpu_lane: GpuLaneResource,
-    lora_training: LoraTrainingResource,
-    adapter_registry: AdapterRegistryResource,
-    dirs: list[Path],
-) -> Measured:
-    config, registry = lora_training.config(), adapter_registry.registry()
-    current = next(
-        (
-            registry.get(m.version)
-            for m in reversed(registry.alias_history(gpu_lane.alias_name))
-            if m.version != candidate.name
-        ),
-        None,
-    )
-    adapters = {candidate.name: candidate.path} | ({current.name: current.path} if current else {})
-    spec = EvalSpec(
-        base_model_dir=str(lora_training.base_model_path()),
-        dataset_dirs=[str(d) for d in dirs],
-        adapters=adapters,
-        max_samples=config.eval_max_samples,
-        max_seq_len=config.max_seq_len,
-        device=lora_training.device,
-        seed=config.seed,
-    )
-    log_path = data_dir() / "logs" / f"eval-{candidate.name}.log"
-    losses = {r.model: r.loss for r in run_evaluation(spec, _relay(context), log_path)}
-
-    with gpu_lane.vllm() as client:
-        service = service_for(gpu_lane, adapter_registry, lora_training, client)
-        served = {"base": gpu_lane.served_model_name, "candidate": candidate.name}
-        service.ensure_loaded(candidate)
-        if current is not None:
-            service.ensure_loaded(current)
-            served["current"] = current.name
-        scores = _task_scores(client, served)
-    figures = {
-        "base": EvalFigures(eval_loss=losses["base"], task_score=scores["base"].score),
-        "candidate": EvalFigures(eval_loss=losses[candidate.name], task_score=scores["candidate"].score),
-    }
-    if current is not None:
-        figures["current"] = EvalFigures(eval_loss=losses[current.name], task_score=scores["current"].score)
-    return Measured(current.name if current else None, figures, scores)
 
 
 @asset(
@@ -307,7 +282,8 @@ def _measure(
     pool=POOL,
     retry_policy=LANE_RETRY,
     deps=[lora_adapter],
-    description="Eval loss (held-out split) and a coding task score for base, current and candidate.",
+    description="Eval loss (held-out split) and a coding task score for base, current and candidate; too few "
+    "held-out rows to judge: not promoted, with the reason.",
 )
 @with_host_figures
 def adapter_evaluation(
@@ -317,49 +293,53 @@ def adapter_evaluation(
     adapter_registry: AdapterRegistryResource,
     artifact_store: ArtifactStoreResource,
 ) -> MaterializeResult:
-    day, config = _day(context), lora_training.config()
-    registry = adapter_registry.registry()
-    candidate = _day_candidate(adapter_registry, day)
-    store = artifact_store.store()
-    inputs = _measurement_inputs(config)
-    # A re-run of the day (or a backfill over it) judges the figures already measured: the day's verdict
-    # stands against the version that was current then, and the lanes are not asked again.
-    measured = _recorded(candidate, inputs)
-    reused = measured is not None
-    if measured is None:
-        dirs = window_dirs(store.root, day, config.replay_window_days)
-        measured = _measure(context, candidate, gpu_lane, lora_training, adapter_registry, dirs)
-    else:
-        context.log.info(f"{candidate.name} was measured with these settings already: 0 requests")
-    figures = measured.figures
-    decision = promotion_decision(
-        figures["candidate"],
-        figures["base"],
-        figures.get("current"),
-        config.eval_loss_margin,
-        config.task_score_tolerance,
-    )
-    evaluation = {
-        "candidate": candidate.name,
-        "current": measured.current,
-        "figures": {label: f.model_dump() for label, f in figures.items()},
-        "task_scores": {label: s.model_dump() for label, s in measured.scores.items()},
-        "eval_samples": config.eval_max_samples,
-        "loss_margin": config.eval_loss_margin,
-        "task_score_tolerance": config.task_score_tolerance,
-        "measured_with": inputs,
-        "decision": decision.model_dump(),
-    }
-    registry.record_evaluation(candidate.name, evaluation)
-    if not decision.promote and candidate.status == "candidate":
-        registry.set_status(candidate.name, "rejected")
-    store.write_json("adapter_evaluation", context.partition_key, "evaluation.json", evaluation)
+    day = _day(context)
+    with failing_for_good(f"adapter_evaluation for {day}"):
+        config, registry, store = lora_training.config(), adapter_registry.registry(), artifact_store.store()
+        outcome = day_outcome(store, registry, day)
+        if outcome.version is None:
+            context.log.info(f"no adapter for {day} ({outcome.reason}): nothing to judge")
+            return MaterializeResult(
+                metadata={"candidate": "none", "promote": False, "no_adapter": outcome.reason}
+            )
+        candidate = registry.get(outcome.version)
+        inputs = measurement_inputs(config)
+        # A re-run of the day (or a backfill over it) judges the figures already measured: the day's verdict
+        # stands against the version that was current then, and the lanes are not asked again.
+        measured = recorded(candidate, inputs)
+        reused = measured is not None
+        if measured is None:
+            dirs = window_dirs(store.root, day, config.replay_window_days)
+            measured = measure(context, candidate, gpu_lane, lora_training, adapter_registry, dirs)
+        else:
+            context.log.info(f"{candidate.name} was measured with these settings already: 0 requests")
+        figures = measured.figures
+        decision = _decide(figures, measured.unjudged, config)
+        evaluation = {
+            "candidate": candidate.name,
+            "current": measured.current,
+            "figures": {label: f.model_dump() for label, f in figures.items()},
+            "task_scores": {label: s.model_dump() for label, s in measured.scores.items()},
+            "eval_samples": config.eval_max_samples,
+            "eval_samples_scored": measured.eval_samples,
+            "unjudged": measured.unjudged,
+            "loss_margin": config.eval_loss_margin,
+            "task_score_tolerance": config.task_score_tolerance,
+            "measured_with": inputs,
+            "decision": decision.model_dump(),
+        }
+        registry.record_evaluation(candidate.name, evaluation)
+        if not decision.promote and candidate.status == "candidate":
+            registry.set_status(candidate.name, "rejected")
+        store.write_json("adapter_evaluation", context.partition_key, "evaluation.json", evaluation)
     verdict = "promote" if decision.promote else "reject"
     context.log.info(f"{candidate.name}: {verdict}: " + "; ".join(decision.reasons))
     metadata: dict[str, Any] = {
         "candidate": candidate.name,
         "current": measured.current or "none",
         "promote": decision.promote,
+        "judged": measured.unjudged is None,
+        "eval_samples_scored": measured.eval_samples,
         "reused_measurements": reused,
         "reasons": MetadataValue.md("\n".join(f"- {r}" for r in decision.reasons)),
     }
@@ -374,8 +354,9 @@ def adapter_evaluation(
     pool=POOL,
     retry_policy=LANE_RETRY,
     deps=[adapter_evaluation],
+    freshness_policy=SERVED_FRESHNESS,
     description="The day's adapter loaded into vLLM under its version name; the stable alias moved to it if "
-    "it passed evaluation.",
+    "it passed evaluation. No adapter today: nothing is asked of vLLM.",
 )
 @with_host_figures
 def served_adapter(
@@ -383,14 +364,46 @@ def served_adapter(
     gpu_lane: GpuLaneResource,
     lora_training: LoraTrainingResource,
     adapter_registry: AdapterRegistryResource,
+    artifact_store: ArtifactStoreResource,
 ) -> MaterializeResult:
     day = _day(context)
-    candidate = _day_candidate(adapter_registry, day)
-    decision = candidate.evaluation.get("decision")
-    if decision is None:
-        raise Failure(
-            f"{candidate.name} has not been evaluated: materialize adapter_evaluation for {day} first"
+    with failing_for_good(f"served_adapter for {day}"):
+        registry = adapter_registry.registry()
+        outcome = day_outcome(artifact_store.store(), registry, day)
+        if outcome.version is None:
+            target = registry.alias_target(gpu_lane.alias_name)
+            context.log.info(f"no adapter for {day} ({outcome.reason}): {gpu_lane.alias_name} stays")
+            return MaterializeResult(
+                metadata={
+                    "candidate": "none",
+                    "promoted": False,
+                    "alias": gpu_lane.alias_name,
+                    "alias_target": target.name if target else "none",
+                    "alias_moved": False,
+                    "no_adapter": outcome.reason,
+                }
+            )
+        candidate = registry.get(outcome.version)
+        decision = candidate.evaluation.get("decision")
+        if decision is None:
+            raise Failure(
+                f"{candidate.name} has not been evaluated: materialize adapter_evaluation for {day} first",
+                allow_retries=False,
+            )
+        return _serve(
+            context, day, candidate, bool(decision["promote"]), gpu_lane, lora_training, adapter_registry
         )
+
+
+def _serve(
+    context: AssetExecutionContext,
+    day: date,
+    candidate: Version,
+    promote: bool,
+    gpu_lane: GpuLaneResource,
+    lora_training: LoraTrainingResource,
+    adapter_registry: AdapterRegistryResource,
+) -> MaterializeResult:
     # The day's promotion happens once: a re-run (or a backfill over the day after later days moved the
     # alias, or after a rollback) leaves the alias where it is instead of moving it back to this version.
     report = None
@@ -398,7 +411,7 @@ def served_adapter(
         service = service_for(gpu_lane, adapter_registry, lora_training, client)
         history = service.registry.alias_history(gpu_lane.alias_name)
         earlier = [m for m in history if m.version == candidate.name]
-        if decision["promote"] and not earlier:
+        if promote and not earlier:
             report = service.promote(candidate, reason=f"daily {day}")
             context.log.info(
                 f"{report.alias} -> {report.version} in {report.seconds:.2f} s "
@@ -406,7 +419,7 @@ def served_adapter(
             )
         else:
             restored = service.restore()  # keep what was served, even across a restart
-            why = f"was promoted at {earlier[0].moved_at} already" if decision["promote"] else "was rejected"
+            why = f"was promoted at {earlier[0].moved_at} already" if promote else "was rejected"
             context.log.info(
                 f"{candidate.name} {why}; {gpu_lane.alias_name} stays"
                 + (f" (restored {', '.join(restored)})" if restored else "")
@@ -415,7 +428,7 @@ def served_adapter(
         loaded = sorted(service.loaded())
     metadata: dict[str, Any] = {
         "candidate": candidate.name,
-        "promoted": bool(decision["promote"]),
+        "promoted": promote,
         "alias": gpu_lane.alias_name,
         "alias_target": target.name if target else "none",
         "loaded_adapters": MetadataValue.json(loaded),
@@ -426,3 +439,25 @@ def served_adapter(
         metadata["alias_move_s"] = round(report.seconds, 3)
         metadata["unloaded"] = MetadataValue.json(report.unloaded)
     return MaterializeResult(metadata=metadata)
+
+
+def with_training_window(
+    assets: Sequence[AssetsDefinition], replay_window_days: int
+) -> list[AssetsDefinition]:
+    """lora_adapter's dependency on lora_dataset as what it reads: the `replay_window_days` days up to its
+    own (days before the first partition do not exist, which is fine). Applied when the definitions load,
+    with the window from configs/training.yaml."""
+    window = TimeWindowPartitionMapping(
+        start_offset=-(replay_window_days - 1), end_offset=0, allow_nonexistent_upstream_partitions=True
+    )
+
+    def declare(spec: AssetSpec) -> AssetSpec:
+        if spec.key != lora_adapter.key:
+            return spec
+        deps = [
+            AssetDep(d.asset_key, partition_mapping=window) if d.asset_key == LORA_DATASET else d
+            for d in spec.deps
+        ]
+        return spec.replace_attributes(deps=deps)
+
+    return list(map_asset_specs(declare, assets))

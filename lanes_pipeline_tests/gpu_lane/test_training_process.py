@@ -27,8 +27,8 @@ from lanes_pipeline.gpu_lane.training.runner import start_trainer, stop
 from lanes_pipeline.gpu_lane.training.spec import TrainSpec
 from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK, remove_stale_partials
 from lanes_pipeline.gpu_lane.training_window import partition_dir, save_dataset
-from lanes_pipeline.settings import Settings, load_settings
-from lanes_pipeline_tests.gpu_lane.fixtures import write_codename_day
+from lanes_pipeline.settings import Settings, TrainingConfig, load_settings
+from lanes_pipeline_tests.gpu_lane.fixtures import TRAIN_QUESTIONS, codename_rows, write_codename_day
 
 # The GPU-lane assets on the shipped configs' daily partitions (the definitions build them at load time).
 _DAILY = daily_assets(load_settings())
@@ -37,16 +37,16 @@ lora_adapter, adapter_evaluation, served_adapter = (
 )
 
 DAY = date(2026, 11, 5)
+GPU_CHAIN = ("lora_adapter", "adapter_evaluation", "served_adapter")
 
 
 def _spec(settings: Settings, tmp_path: Path) -> TrainSpec:
     data = write_codename_day(tmp_path / "artifacts", DAY)
     return TrainSpec(
+        training=TrainingConfig(max_steps=10_000, batch_size=2),  # never finishes: the test ends it
         base_model_dir=str(engines.embedded_hf_model(settings.data_dir).resolve()),
         dataset_dirs=[str(data)],
         output_dir=str(tmp_path / "adapters" / "lanes-2026-11-05"),
-        max_steps=10_000,  # never finishes: the test ends it
-        batch_size=2,
     )
 
 
@@ -154,10 +154,13 @@ def test_a_failed_cuda_training_still_wakes_vllm(fake_vllm: Any, settings: Setti
     resources = {
         "gpu_lane": GpuLaneResource.from_config(lane),
         "lora_training": LoraTrainingResource.from_config(
-            settings.training,
-            base_model_dir=str(engines.embedded_hf_model(settings.data_dir).resolve()),
-            device="cuda",
-            max_steps=1,
+            settings.training.model_copy(
+                update={
+                    "base_model_dir": str(engines.embedded_hf_model(settings.data_dir).resolve()),
+                    "device": "cuda",
+                    "max_steps": 1,
+                }
+            )
         ),
         "adapter_registry": AdapterRegistryResource(adapters_dir=str(tmp_path / "adapters")),
         "artifact_store": ArtifactStoreResource(root=str(tmp_path / "artifacts")),
@@ -176,27 +179,91 @@ def test_a_failed_cuda_training_still_wakes_vllm(fake_vllm: Any, settings: Setti
     assert _visible(tmp_path / "adapters") == ["registry.sqlite"]  # no version was added
 
 
-def test_a_window_without_training_rows_skips_training_evaluation_and_serving(
-    settings: Settings, tmp_path: Path
-) -> None:
-    save_dataset(partition_dir(tmp_path / "artifacts", DAY), [], [])  # a quiet day: the dataset is empty
-    lane = settings.lanes.gpu_lane.model_copy(update={"base_url": "http://127.0.0.1:9"})  # never called
-    resources = {
+def _offline_resources(settings: Settings, tmp_path: Path, **training: Any) -> dict[str, Any]:
+    """A vLLM that is never there: any request to it would fail the step."""
+    lane = settings.lanes.gpu_lane.model_copy(update={"base_url": "http://127.0.0.1:9"})
+    base = str(engines.embedded_hf_model(settings.data_dir).resolve())
+    return {
         "gpu_lane": GpuLaneResource.from_config(lane),
-        "lora_training": LoraTrainingResource.from_config(settings.training),
+        "lora_training": LoraTrainingResource.from_config(
+            settings.training.model_copy(update={"base_model_dir": base, **training})
+        ),
         "adapter_registry": AdapterRegistryResource(adapters_dir=str(tmp_path / "adapters")),
         "artifact_store": ArtifactStoreResource(root=str(tmp_path / "artifacts")),
     }
+
+
+def _metadata(result: Any, asset: str) -> dict[str, Any]:
+    [event] = [e for e in result.get_asset_materialization_events() if e.asset_key.path == [asset]]
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+@pytest.mark.parametrize("train_rows", [0, 2])
+def test_a_window_without_enough_training_rows_is_a_day_without_adapter(
+    settings: Settings, tmp_path: Path, train_rows: int
+) -> None:
+    """Changed on purpose (issue 12): a quiet day used to skip evaluation and serving, which a backfill
+    counts as failed partitions; now all three assets materialize, saying why there is no adapter, and
+    vLLM is asked nothing. Fewer rows than training.min_train_rows count as quiet too."""
+    train = codename_rows(TRAIN_QUESTIONS[:train_rows])
+    save_dataset(partition_dir(tmp_path / "artifacts", DAY), train, [])
+    assert train_rows < settings.training.min_train_rows
     result = materialize(
         [lora_adapter, adapter_evaluation, served_adapter],
         partition_key=DAY.isoformat(),
-        resources=resources,
+        resources=_offline_resources(settings, tmp_path),
         instance=DagsterInstance.ephemeral(),
     )
     assert result.success
-    assert result.get_asset_materialization_events() == []
-    skipped = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SKIPPED"}
-    assert skipped == {"adapter_evaluation", "served_adapter"}
+    assert not [e for e in result.all_events if e.event_type_value == "STEP_SKIPPED"]
+    reasons = {asset: _metadata(result, asset)["no_adapter"] for asset in GPU_CHAIN}
+    assert len(set(reasons.values())) == 1
+    expected = "no training rows" if train_rows == 0 else "fewer than min_train_rows"
+    assert expected in reasons["lora_adapter"]
+    assert _metadata(result, "adapter_evaluation")["promote"] is False
+    assert _metadata(result, "served_adapter")["alias_moved"] is False
+    assert _visible(tmp_path / "adapters") == ["registry.sqlite"]  # no version was trained
+
+
+def test_a_candidate_without_eval_rows_is_trained_but_not_promoted(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Training rows but no held-out rows: the day succeeds, the candidate is not promoted, the reason is
+    in the metadata and the registry; the eval subprocess and vLLM are not needed for that."""
+    save_dataset(partition_dir(tmp_path / "artifacts", DAY), codename_rows(TRAIN_QUESTIONS), [])
+    resources = _offline_resources(settings, tmp_path, max_steps=1, device="cpu")
+    instance = DagsterInstance.ephemeral()
+    result = materialize(
+        [lora_adapter, adapter_evaluation],
+        partition_key=DAY.isoformat(),
+        resources=resources,
+        instance=instance,
+    )
+    assert result.success
+    # The trainer's progress came through Dagster Pipes as the run's own log lines, as it trained.
+    logged = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any(message.startswith("step 1/1 loss ") for message in logged), logged
+    assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    evaluation = _metadata(result, "adapter_evaluation")
+    assert evaluation["promote"] is False and evaluation["judged"] is False
+    assert "fewer than min_eval_rows" in evaluation["reasons"]
+    version = resources["adapter_registry"].registry().get(f"lanes-{DAY}")
+    assert version.status == "rejected" and "min_eval_rows" in version.evaluation["unjudged"]
+
+
+def test_a_deterministic_failure_is_not_retried(settings: Settings, tmp_path: Path) -> None:
+    """Judging a day that lora_adapter never ran for fails once, naming what to do, without retries."""
+    result = materialize(
+        [adapter_evaluation],
+        partition_key=DAY.isoformat(),
+        resources=_offline_resources(settings, tmp_path),
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+    assert not result.success
+    assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    assert "materialize lora_adapter for this partition first" in failure.step_failure_data.error.to_string()  # type: ignore[union-attr]
 
 
 def test_our_assistant_loss_equals_the_models_own(settings: Settings) -> None:
@@ -204,26 +271,25 @@ def test_our_assistant_loss_equals_the_models_own(settings: Settings) -> None:
     import torch
 
     from lanes_pipeline.gpu_lane.training.data import collate, encode_chat, pack
-    from lanes_pipeline.gpu_lane.training.trainer import (
-        _shifted_label_count,
-        _tensors,
+    from lanes_pipeline.gpu_lane.training.model import (
         assistant_loss,
         load_tokenizer,
         peft_model,
+        shifted_label_count,
+        tensors,
     )
     from lanes_pipeline_tests.gpu_lane.fixtures import ANSWER, TRAIN_QUESTIONS, chat
 
     base = str(engines.embedded_hf_model(settings.data_dir).resolve())
     tokenizer = load_tokenizer(base)
     examples = [encode_chat(tokenizer, chat(q, ANSWER), 512) for q in TRAIN_QUESTIONS[:3]]
-    spec = TrainSpec(base_model_dir=base, dataset_dirs=["/unused"], output_dir="/unused", device="cpu")
-    model = peft_model(spec, torch.device("cpu"), torch.float32)
+    model = peft_model(base, TrainingConfig(device="cpu"), torch.device("cpu"), torch.float32)
     model.eval()
     rows = [e for e in examples if e is not None]
     for packed in (False, True):
         batch = collate(pack(rows, 512) if packed else rows, tokenizer.pad_token_id, packed=packed)
-        items = _shifted_label_count(batch)
+        items = shifted_label_count(batch)
         with torch.no_grad():
-            ours = assistant_loss(model, _tensors(batch, "cpu"), items)
-            theirs = model(**_tensors(batch, "cpu"), num_items_in_batch=items).loss
+            ours = assistant_loss(model, tensors(batch, "cpu"), items)
+            theirs = model(**tensors(batch, "cpu"), num_items_in_batch=items).loss
         assert float(ours) == pytest.approx(float(theirs), rel=1e-4)

@@ -10,8 +10,7 @@ import pytest
 
 from lanes_pipeline.gpu_lane.evaluation import Figures, passes, promotion_decision
 from lanes_pipeline.gpu_lane.training.data import IGNORE, Example, batches, collate, label_tokens, pack
-from lanes_pipeline.gpu_lane.training.spec import TrainSpec
-from lanes_pipeline.gpu_lane.training.trainer import linear_schedule, total_steps
+from lanes_pipeline.gpu_lane.training.loop import linear_schedule, total_steps
 from lanes_pipeline.gpu_lane.training_window import (
     DatasetWindowError,
     available_days,
@@ -25,6 +24,7 @@ from lanes_pipeline.gpu_lane.training_window import (
     window_days,
     window_dirs,
 )
+from lanes_pipeline.settings import TrainingConfig
 
 
 def ex(n: int, start: int = 0) -> Example:
@@ -78,9 +78,10 @@ def test_schedule_warms_up_then_decays_to_zero() -> None:
 
 
 def test_steps_from_epochs() -> None:
-    spec = TrainSpec(base_model_dir="/b", dataset_dirs=["/d"], output_dir="/o", max_steps=None, epochs=2.0)
-    assert total_steps(spec.model_copy(update={"batch_size": 4, "gradient_accumulation_steps": 2}), 17) == 5
-    assert total_steps(spec.model_copy(update={"max_steps": 7}), 17) == 7
+    training = TrainingConfig(max_steps=None, epochs=2.0)
+    accumulating = training.model_copy(update={"batch_size": 4, "gradient_accumulation_steps": 2})
+    assert total_steps(accumulating, 17) == 5
+    assert total_steps(training.model_copy(update={"max_steps": 7}), 17) == 7
 
 
 def test_window_keeps_the_last_n_days_up_to_d() -> None:

@@ -1,4 +1,5 @@
-"""`python -m lanes_pipeline.gpu_lane.training train|eval SPEC.json`: progress as JSON lines on stdout."""
+"""`python -m lanes_pipeline.gpu_lane.training train|eval SPEC.json`: progress through Dagster Pipes when an
+asset launched it, else as JSON lines on stdout."""
 
 import sys
 

@@ -1,9 +1,11 @@
-"""Starting the trainer process from the run process, relaying its JSON progress lines, and ending it.
+"""Starting the trainer process from the run process, hearing what it reports, and ending it.
 
-The run process never imports the model: it writes a spec file, starts
-`python -m lanes_pipeline.gpu_lane.training`,
-and hands every progress event to a callback (the asset logs them to Dagster). Whatever happens to the run
-(an error, an interrupt, Dagster terminating it) the trainer is stopped before this returns or raises.
+The run process never imports the model: it writes a spec file and starts
+`python -m lanes_pipeline.gpu_lane.training`. Given a Dagster context (an asset), it runs the process in a
+Dagster Pipes session: the trainer's progress lands in the run's log as it happens, and its results come
+back as Pipes messages. Without one (the benchmark, a script), the trainer prints JSON lines and this reads
+them. Whatever happens to the run (an error, an interrupt, Dagster terminating it) the trainer is stopped
+before this returns or raises.
 """
 
 from __future__ import annotations
@@ -15,14 +17,23 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dagster import (
+    AssetExecutionContext,
+    OpExecutionContext,
+    PipesTempFileContextInjector,
+    PipesTempFileMessageReader,
+    open_pipes_session,
+)
+
 from lanes_pipeline.errors import log_tail
-from lanes_pipeline.gpu_lane.training.spec import EvalResult, EvalSpec, Spec, TrainSpec, TrainSummary
+from lanes_pipeline.gpu_lane.training.spec import EvalReport, EvalSpec, Spec, TrainSpec, TrainSummary
 
 Event = dict[str, Any]
+DagsterContext = AssetExecutionContext | OpExecutionContext
 STOP_GRACE_S = 15.0
 
 
@@ -39,34 +50,36 @@ class TrainingError(RuntimeError):
         return self.returncode is not None and self.returncode < 0
 
 
-def run_training(spec: TrainSpec, on_event: Callable[[Event], None], log_path: Path) -> TrainSummary:
-    events = _run("train", spec, on_event, log_path)
+def run_training(spec: TrainSpec, log_path: Path, context: DagsterContext | None = None) -> TrainSummary:
+    events = _run("train", spec, log_path, context)
     done = [e for e in events if e.get("event") == "done"]
     if not done:
         raise TrainingError(f"the trainer ended without a result; log: {log_path}\n{log_tail(log_path)}")
     return TrainSummary.model_validate(done[-1]["summary"])
 
 
-def run_evaluation(spec: EvalSpec, on_event: Callable[[Event], None], log_path: Path) -> list[EvalResult]:
-    events = _run("eval", spec, on_event, log_path)
-    return [
-        EvalResult.model_validate({k: v for k, v in e.items() if k != "event"})
-        for e in events
-        if e["event"] == "eval"
-    ]
+def run_evaluation(spec: EvalSpec, log_path: Path, context: DagsterContext | None = None) -> EvalReport:
+    events = _run("eval", spec, log_path, context)
+    reports = [e for e in events if e.get("event") == "eval"]
+    if not reports:
+        raise TrainingError(f"the evaluation ended without a result; log: {log_path}\n{log_tail(log_path)}")
+    return EvalReport.model_validate({k: v for k, v in reports[-1].items() if k != "event"})
 
 
-def start_trainer(command: str, spec_path: Path, log_path: Path) -> subprocess.Popen[str]:
+def start_trainer(
+    command: str, spec_path: Path, log_path: Path, env: Mapping[str, str] | None = None, pipe: bool = True
+) -> subprocess.Popen[str]:
+    """The trainer process; its stderr (and its stdout, unless `pipe`) appended to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "lanes_pipeline.gpu_lane.training", command, str(spec_path)],
-            stdout=subprocess.PIPE,
+            stdout=subprocess.PIPE if pipe else log,
             stderr=log,
             stdin=subprocess.DEVNULL,
             text=True,
             bufsize=1,
-            env=trainer_env(),
+            env={**trainer_env(), **(env or {})},
         )
 
 
@@ -82,23 +95,14 @@ def trainer_env() -> dict[str, str]:
     }
 
 
-def _run(command: str, spec: Spec, on_event: Callable[[Event], None], log_path: Path) -> list[Event]:
+def _run(command: str, spec: Spec, log_path: Path, context: DagsterContext | None) -> list[Event]:
     with tempfile.TemporaryDirectory(prefix="lanes-train-") as scratch:
         spec_path = Path(scratch) / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=1))
-        process = start_trainer(command, spec_path, log_path)
-        events: list[Event] = []
-        try:
-            assert process.stdout is not None
-            for line in process.stdout:
-                event = _parse(line)
-                if event is None:
-                    continue
-                events.append(event)
-                on_event(event)
-            code = process.wait()
-        finally:
-            stop(process)
+        if context is None:
+            code, events = _run_printing(command, spec_path, log_path)
+        else:
+            code, events = _run_in_pipes(command, spec_path, log_path, context)
     if code != 0:
         raise TrainingError(
             f"the trainer ({command}) exited with code {code}; log: {log_path}\n--- last lines ---\n"
@@ -106,6 +110,39 @@ def _run(command: str, spec: Spec, on_event: Callable[[Event], None], log_path: 
             returncode=code,
         )
     return events
+
+
+def _run_in_pipes(
+    command: str, spec_path: Path, log_path: Path, context: DagsterContext
+) -> tuple[int, list[Event]]:
+    """Progress to the run's log as it happens; the results are the session's custom messages."""
+    with open_pipes_session(
+        context=context,
+        context_injector=PipesTempFileContextInjector(),
+        message_reader=PipesTempFileMessageReader(),
+    ) as session:
+        process = start_trainer(command, spec_path, log_path, session.get_bootstrap_env_vars(), pipe=False)
+        try:
+            code = process.wait()
+        finally:
+            stop(process)
+    return code, [m for m in session.get_custom_messages() if isinstance(m, dict) and "event" in m]
+
+
+def _run_printing(command: str, spec_path: Path, log_path: Path) -> tuple[int, list[Event]]:
+    """Outside Dagster: the trainer prints one JSON event per line."""
+    process = start_trainer(command, spec_path, log_path)
+    events: list[Event] = []
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            event = _parse(line)
+            if event is not None:
+                events.append(event)
+        code = process.wait()
+    finally:
+        stop(process)
+    return code, events
 
 
 def _parse(line: str) -> Event | None:
