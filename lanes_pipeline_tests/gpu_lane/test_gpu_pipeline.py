@@ -66,15 +66,18 @@ def resources_for(root: Path, url: str, settings: Settings) -> dict[str, Any]:
     return {
         "gpu_lane": GpuLaneResource.from_config(lane.model_copy(update={"base_url": url})),
         "lora_training": LoraTrainingResource.from_config(
-            settings.training,
-            base_model_dir=str(engines.embedded_hf_model(settings.data_dir).resolve()),
-            max_steps=CODENAME_STEPS,
-            learning_rate=2e-3,
-            lora_dropout=0.0,
-            eval_loss_margin=0.05,
-            # One fact taught on eight questions: the gate is judged on eval loss here; the task-score rule is
-            # covered in test_training_pure, and the scores are still measured and recorded below.
-            task_score_tolerance=1.0,
+            settings.training.model_copy(
+                update={
+                    "base_model_dir": str(engines.embedded_hf_model(settings.data_dir).resolve()),
+                    "max_steps": CODENAME_STEPS,
+                    "learning_rate": 2e-3,
+                    "lora": settings.training.lora.model_copy(update={"dropout": 0.0}),
+                    "eval_loss_margin": 0.05,
+                    # One fact taught on eight questions: the gate is judged on eval loss here; the task-score
+                    # rule is covered in test_training_pure, and the scores are still measured and recorded.
+                    "task_score_tolerance": 1.0,
+                }
+            )
         ),
         "adapter_registry": AdapterRegistryResource(adapters_dir=str(root / "adapters")),
         "artifact_store": ArtifactStoreResource(root=str(root / "artifacts")),
