@@ -124,6 +124,8 @@ def _cell(value: Any, digits: int = 1) -> str:
 
 
 def _adapter_result(m: Mapping[str, Any]) -> str:
+    if "no_adapter" in m:  # a quiet day: lora_adapter says why it trained nothing
+        return f"no adapter: {m['no_adapter']}"
     reused = " (reused)" if m.get("reused_existing_version") else ""
     return f"{m.get('version')}{reused}, loss {_cell(m.get('final_loss'), 3)}"
 
@@ -162,7 +164,9 @@ RESULTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "refactor_proposals": _diffs,
     "lora_dataset": _dataset,
     "lora_adapter": _adapter_result,
-    "adapter_evaluation": lambda m: "promote" if m.get("promote") else "reject",
+    "adapter_evaluation": lambda m: (
+        "no adapter" if "no_adapter" in m else ("promote" if m.get("promote") else "reject")
+    ),
     "served_adapter": lambda m: f"{m.get('alias')} -> {m.get('alias_target')}",
 }
 
