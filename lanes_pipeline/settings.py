@@ -493,6 +493,15 @@ def _cross_file_issues(labels: dict[str, str], parsed: dict[str, StrictModel]) -
     return issues
 
 
+def _optional_file_issues(config_dir: Path, parsed: dict[str, StrictModel]) -> list[ConfigIssue]:
+    """Optional files, validated when present; their models live beside the code that uses them."""
+    from lanes_pipeline.observatory.trial_config import TRIALS_FILE, trials_issues  # builds on this module
+
+    models = parsed.get("models.yaml")
+    names = {entry.name for entry in models.models} if isinstance(models, ModelsConfig) else None
+    return trials_issues(config_dir, _label(config_dir / TRIALS_FILE), names)
+
+
 def load_settings(config_dir: Path | None = None) -> Settings:
     """Load and validate every config file; raise ConfigError listing every problem found."""
     config_dir = Path(config_dir) if config_dir is not None else default_config_dir()
@@ -509,6 +518,7 @@ def load_settings(config_dir: Path | None = None) -> Settings:
         except ValidationError as exc:
             issues += _file_issues(labels[name], exc)
     issues += _cross_file_issues(labels, parsed)
+    issues += _optional_file_issues(config_dir, parsed)
     if issues:
         raise ConfigError(issues)
     return Settings(

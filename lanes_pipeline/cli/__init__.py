@@ -12,6 +12,7 @@ from lanes_pipeline.cli.dev import dev
 from lanes_pipeline.cli.run import run
 from lanes_pipeline.cli.serve import serve
 from lanes_pipeline.cli.setup import setup
+from lanes_pipeline.cli.trial import bench, trial
 
 
 @click.group()
@@ -19,5 +20,5 @@ def main() -> None:
     """lanes_pipeline: CPU-lane batch work feeding daily LoRA adapters for the GPU lane."""
 
 
-for command in (config, setup, serve, run, dev, backfill, cpu, adapters):
+for command in (config, setup, serve, run, dev, backfill, cpu, adapters, trial, bench):
     main.add_command(command)

@@ -52,9 +52,17 @@ class Workload(BaseModel):
     interference_requests_per_slot: int = Field(2, ge=1)
 
 
+# For a busy small machine and tests: one of each, a few tokens.
 SMALL = Workload(
-    single_requests=2, max_tokens=16, long_prompt_blocks=6, long_prompt_requests=1, prefix_requests=3
+    single_requests=1,
+    max_tokens=12,
+    long_prompt_blocks=4,
+    long_prompt_requests=1,
+    requests_per_slot=1,
+    prefix_requests=2,
+    interference_requests_per_slot=1,
 )
+WORKLOADS = {"default": Workload(), "small": SMALL}
 
 
 def messages(question: str, shared: bool = True) -> list[dict[str, str]]:
