@@ -22,6 +22,7 @@ from lanes_pipeline.gpu_lane import assets as gpu_lane
 from lanes_pipeline.gpu_lane.checks import build_gpu_checks
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.gpu_lane.sensors import SENSORS
+from lanes_pipeline.observatory import assets as observatory
 from lanes_pipeline.settings import Settings, load_settings
 
 # The lane assets, one partition per day; the lane probes are not partitioned (they run in every run).
@@ -37,7 +38,7 @@ def daily_assets(settings: Settings) -> dict[str, AssetsDefinition]:
 
 def build_definitions(settings: Settings) -> Definitions:
     return Definitions(
-        assets=[*load_assets_from_modules([lane_probes]), *daily_assets(settings).values()],
+        assets=[*load_assets_from_modules([lane_probes, observatory]), *daily_assets(settings).values()],
         asset_checks=[
             *build_checks(daily_partitions(settings)),
             *build_gpu_checks(daily_partitions(settings)),
