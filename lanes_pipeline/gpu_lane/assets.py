@@ -46,7 +46,7 @@ from lanes_pipeline.gpu_lane.adapters import (
     supported_target_modules,
 )
 from lanes_pipeline.gpu_lane.client import asleep
-from lanes_pipeline.gpu_lane.evaluation import Decision, promotion_decision
+from lanes_pipeline.gpu_lane.evaluation import Decision, Figures, promotion_decision
 from lanes_pipeline.gpu_lane.measurement import measure, measurement_inputs, recorded
 from lanes_pipeline.gpu_lane.resources import (
     AdapterRegistryResource,
@@ -265,13 +265,14 @@ def _gpu_asleep(gpu_lane: GpuLaneResource) -> Any:
     return asleep(gpu_lane.vllm(), level=1)
 
 
-def _decide(measured_figures: dict[str, Any], unjudged: str | None, config: TrainingConfig) -> Decision:
+def _decide(figures: dict[str, Figures], unjudged: str | None, config: TrainingConfig) -> Decision:
+    """The promotion rule on the measured figures; a candidate that could not be judged is not promoted."""
     if unjudged is not None:
         return Decision(promote=False, reasons=[f"{unjudged}; not promoted"])
     return promotion_decision(
-        measured_figures["candidate"],
-        measured_figures["base"],
-        measured_figures.get("current"),
+        figures["candidate"],
+        figures["base"],
+        figures.get("current"),
         config.eval_loss_margin,
         config.task_score_tolerance,
     )
