@@ -9,6 +9,7 @@ measurement must see the stream itself, and must not retry (a retried request wo
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import threading
 import time
@@ -96,7 +97,7 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         raise ValueError("no values")
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
     return ordered[rank - 1]
 
 

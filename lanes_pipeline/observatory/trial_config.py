@@ -127,7 +127,7 @@ def trials_issues(config_dir: Path, label: str, model_names: set[str] | None) ->
     if model_names is None:
         return []
     return [
-        ConfigIssue(label, f"trials.{i}.model", f"{trial.model!r} is not a model in models.yaml")
+        ConfigIssue(label, f"trials[{i}].model", f"{trial.model!r} is not a model in models.yaml")
         for i, trial in enumerate(parsed.trials)
         if trial.model not in model_names
     ]
