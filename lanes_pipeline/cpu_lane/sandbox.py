@@ -338,12 +338,15 @@ def read_run(result: CommandResult, report: Mapping[str, object] | None) -> RunR
     return RunReport(outcome="failure", detail=f"pytest exit {result.returncode}", **common)
 
 
-def run_pytest(sandbox: Sandbox, targets: Sequence[str], run_index: int = 0) -> RunReport:
-    """One pytest run of `targets` (paths relative to the worktree) inside the sandbox."""
+def run_pytest(
+    sandbox: Sandbox, targets: Sequence[str], run_index: int = 0, python: str | None = None
+) -> RunReport:
+    """One pytest run of `targets` (paths relative to the worktree) inside the sandbox; `python` is the
+    repository environment's interpreter (default: the project's own)."""
     report_path = sandbox.scratch / f"report-{run_index}.json"
     report_path.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "lanes_sandbox_report",
-            "--rootdir", str(sandbox.worktree), "--", *targets]  # fmt: skip
+    argv = [python or sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+            "lanes_sandbox_report", "--rootdir", str(sandbox.worktree), "--", *targets]  # fmt: skip
     # A different hash seed on every run: order-dependent tests show up as flaky.
     result = sandbox.run(argv, {"LANES_SANDBOX_REPORT": str(report_path), "PYTHONHASHSEED": str(run_index)})
     report = None
@@ -369,11 +372,12 @@ def judge_runs(runs: Sequence[RunReport], wanted: int) -> TestVerdict:
     )
 
 
-def judge_test_file(sandbox: Sandbox, test_path: str) -> TestVerdict:
-    """Run one test file up to `limits.runs` times; stop at the first run that does not pass."""
+def judge_test_file(sandbox: Sandbox, test_path: str, python: str | None = None) -> TestVerdict:
+    """Run one test file up to `limits.runs` times (with `python`, see run_pytest); stop at the first run
+    that does not pass."""
     runs: list[RunReport] = []
     for index in range(sandbox.limits.runs):
-        run = run_pytest(sandbox, [test_path], index)
+        run = run_pytest(sandbox, [test_path], index, python)
         runs.append(run)
         if run.outcome != "passed":
             break

@@ -1,0 +1,195 @@
+"""Tests with teeth for one symbol: the request layout, verified sampling figures, the gate in the sandbox
+on canned answers, and the real llama-server on the sample repository's functions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+import lanes_pipeline.cpu_lane.sample_repo as sample_repo
+from lanes_pipeline.cpu_lane.answer_cache import cache_key
+from lanes_pipeline.cpu_lane.batch import BatchResult
+from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, ItemResult
+from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
+from lanes_pipeline.cpu_lane.sandbox import detect_isolation
+from lanes_pipeline.cpu_lane.symbol_tests import (
+    VerifyPlace,
+    answer_text,
+    prefill,
+    repo_test_example,
+    run_symbol_tests,
+    symbol_test_batch,
+    verify_symbol_answers,
+    yield_of_tests,
+)
+from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, scan_repo
+from lanes_pipeline.cpu_lane.verified_sampling import TargetTally, kind_yield, samples_of
+from lanes_pipeline.settings import SandboxLimits, Settings
+from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, run_batch
+
+DAY3 = Path(sample_repo.__file__).parent / "day3"
+SOURCES = {p.relative_to(DAY3).as_posix(): p.read_text(encoding="utf-8") for p in sorted(DAY3.rglob("*.py"))}
+TESTS = {path: source for path, source in SOURCES.items() if path.startswith("tests/")}
+REPO_MAP = "slug.py: slugify, unique_slug\ntextstats.py: words, word_count, top_words, average_word_length"
+
+
+def code_symbols() -> list[Symbol]:
+    return [s for s in all_symbols(scan_repo(SOURCES)) if not s.path.startswith("tests/")]
+
+
+def symbol(name: str) -> Symbol:
+    return next(s for s in code_symbols() if s.name == name)
+
+
+def test_requests_keep_the_fixed_prefix_first_and_differ_per_sample_only_in_the_seed() -> None:
+    slugify, words = symbol("slugify"), symbol("words")
+    requests = symbol_test_batch([slugify, words], REPO_MAP, TESTS, samples=3)
+    assert [r.id for r in requests[:3]] == [f"oracle:{slugify.id}#s{i}" for i in range(3)]
+    assert [r.seed for r in requests[:3]] == [0, 1, 2] and all(r.temperature > 0 for r in requests)
+    system = {r.messages[0].content for r in requests}
+    assert len(system) == 1 and REPO_MAP in system.pop()  # one prefix for every target of the repository
+    first, other = requests[0].messages, requests[3].messages
+    assert [m.role for m in first] == ["system", "user", "assistant"]
+    user = first[1].content
+    # The varying part last: the repository's test of the target, then the context, then the source.
+    assert user.index("def test_slugify_joins_words_with_hyphens") < user.index("import unicodedata")
+    assert user.index("import unicodedata") < user.index("def slugify(") and user.endswith("`slugify`.")
+    lead = "Write example calls of the target.\n"
+    assert user.startswith(lead) and other[1].content.startswith(lead)
+    assert "def test_words_are_lower_case" in other[1].content
+    assert first[2].content == "```python\nfrom slug import slugify\n\nslugify("
+    assert requests[0].stop == ["```"]
+    keys = {cache_key(r.chat_request("m"), "weights") for r in requests}
+    assert len(keys) == len(requests)  # distinct cache keys: no sample is another's cache hit
+    assert prefill(slugify, "assertions").endswith("\n\n\ndef test_slugify")
+
+
+def test_the_example_is_a_test_naming_the_target_else_the_first_and_none_without_tests() -> None:
+    assert "def test_unique_slug_counts_up" in (repo_test_example(TESTS, symbol("unique_slug")) or "")
+    example = repo_test_example(TESTS, symbol("average_word_length")) or ""
+    assert example.startswith("# tests/test_slug.py\nfrom slug import slugify, unique_slug")
+    assert repo_test_example({}, symbol("words")) is None
+    assert repo_test_example({"tests/test_x.py": "def broken(:\n"}, symbol("words")) is None
+
+
+def test_answer_text_adds_the_prefill_only_when_the_server_left_it_out() -> None:
+    slugify = symbol("slugify")
+    start = prefill(slugify, "oracle")
+    assert answer_text(slugify, "oracle", "'a b')\n") == start + "'a b')\n"
+    assert answer_text(slugify, "oracle", start + "'a b')\n") == start + "'a b')\n"
+
+
+def test_kind_yield_and_samples() -> None:
+    figures = kind_yield([TargetTally(target="a", sampled=4, accepted=1), TargetTally(target="b", sampled=4,
+                          accepted=0), TargetTally(target="c", sampled=2, accepted=2)])  # fmt: skip
+    assert (figures.asked, figures.sampled, figures.accepted, figures.targets_with_accepted) == (3, 10, 3, 2)
+    assert figures.pass_at_1 == 0.3 and figures.pass_at_n == 0.6667
+    assert kind_yield([]).pass_at_1 == 0.0 and kind_yield([]).asked == 0
+    with pytest.raises(ValueError, match="'a': 2 accepted of 1 sampled"):
+        kind_yield([TargetTally(target="a", sampled=1, accepted=2)])
+    request = symbol_test_batch([symbol("words")], REPO_MAP, TESTS, samples=1)[0]
+    with pytest.raises(ValueError, match="temperature above 0"):
+        samples_of(request, 2, temperature=0.0)
+    with pytest.raises(ValueError, match="samples must be >= 1"):
+        samples_of(request, 0)
+
+
+def answered(style: str, target: Symbol, sample: int, text: str) -> ItemResult:
+    return ItemResult(index=0, id=f"{style}:{target.id}#s{sample}", key=f"k{sample}", status="ok", text=text)
+
+
+# Model-written tests, as the server continues the prefill: `is not False` passes on the commit and on the
+# `return None` mutant (no teeth); the exact value kills both mutants.
+WEAK = "():\n    assert slugify('A b') is not False\n"
+GOOD = "from slug import slugify\n\n\ndef test_slugify():\n    assert slugify('A b') == 'a-b'\n"
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory: pytest.TempPathFactory) -> VerifyPlace:
+    repo = tmp_path_factory.mktemp("sample") / "repo"
+    day = CommitSpec(when=datetime(2026, 11, 3, tzinfo=UTC), message="day 3", files=dict(SOURCES))
+    commit = build_history(repo, [day])
+    return VerifyPlace(repo=repo, commit=commit, limits=SandboxLimits(timeout_s=30, memory_mb=768, runs=2),
+                       isolation=detect_isolation())  # fmt: skip
+
+
+def test_answers_go_through_one_gate_in_the_sandbox(place: VerifyPlace) -> None:
+    slugify = symbol("slugify")
+    start = prefill(slugify, "oracle")
+    oracle = [
+        answered("oracle", slugify, 0, start + "'Hello, World!', max_length=10)\nslugify('a  b')\n"),
+        answered("oracle", slugify, 1, "'a  b')\nslugify('Hello, World!', max_length=10)\n"),  # same test
+        answered("oracle", slugify, 2, "title)\n"),  # a variable: no call to run
+        answered("oracle", slugify, 3, "object())\n"),  # not a literal either
+        ItemResult(
+            index=0,
+            id=f"oracle:{slugify.id}#s4",
+            key="k4",
+            status="failed",
+            failure=ItemFailure(kind="too_long", reason="prompt of 5000 tokens"),
+        ),
+    ]
+    [result] = verify_symbol_answers(place, [slugify], oracle, samples=6)
+    statuses = [a.status for a in result.answers]
+    assert statuses == ["accepted", "accepted", "no_calls", "no_calls", "no_answer", "no_answer"]
+    assert "assert slugify('Hello, World!', max_length=10) == 'hello-worl'" in result.accepted_tests[0]
+    assert len(result.accepted_tests) == 2  # call order differs: two distinct tests, each kept once
+    assert result.answers[4].reason.startswith("too_long: prompt of 5000")
+    assert yield_of_tests([result]).model_dump(exclude={"note"}) == {
+        "asked": 1, "sampled": 6, "accepted": 2, "targets_with_accepted": 1, "pass_at_1": 0.3333,
+        "pass_at_n": 1.0,
+    }  # fmt: skip
+    # Model-written assertions go through the same gate: the weak test survives `return None`.
+    start = prefill(slugify, "assertions")
+    written = [
+        answered("assertions", slugify, 0, start + WEAK),
+        answered("assertions", slugify, 1, start + "():\n    assert slugify('A b') == 'a-b'\n```"),
+        answered("assertions", slugify, 2, "():\n    assert slugify('A b') == 'wrong'\n"),
+        answered("assertions", slugify, 3, "():\n    pass\n"),
+    ]
+    [result] = verify_symbol_answers(place, [slugify], written, samples=4, style="assertions")
+    verdicts = [(a.status, a.reason.split(":")[0]) for a in result.answers]
+    assert verdicts == [("survives_mutant", "survives the return_none mutant of slugify (passed)"),
+                        ("accepted", "passed 2 of 2 runs; fails on all 2 mutants of slugify"),
+                        ("fails_on_commit", "failure"), ("rejected_static", "trivial")]  # fmt: skip
+    assert result.accepted_tests == [GOOD]
+
+
+def test_an_expected_builtin_exception_has_teeth_a_wrong_call_has_none(place: VerifyPlace) -> None:
+    unique = symbol("unique_slug")
+    items = [answered("oracle", unique, 0, "'a', 1)\n")]  # `1 in taken` on an int: TypeError, usable
+    [result] = verify_symbol_answers(place, [unique], items, samples=1)
+    assert result.answers[0].status == "accepted", result.answers[0].reason
+    assert "with pytest.raises(TypeError):" in result.accepted_tests[0]
+    words = symbol("words")
+    items = [answered("oracle", words, 0, "'x', 1, 2, 3)\n")]
+    [result] = verify_symbol_answers(place, [words], items, samples=1)
+    # TypeError from a wrong call kills no mutant: `raise NotImplementedError` is not a TypeError.
+    assert result.answers[0].status == "survives_mutant", result.answers[0].reason
+
+
+@pytest.mark.cpu_lane
+def test_regression_oracles_from_the_real_server_kill_both_mutants_of_sample_functions(
+    cpu_server, settings: Settings, place: VerifyPlace, tmp_path: Path
+) -> None:
+    samples = settings.pipeline.cpu_assets.samples_per_item
+    config = batch_config(settings)
+
+    def send(requests: Sequence[BatchRequest]) -> BatchResult:
+        return run_batch(cpu_server.url, tmp_path / "cache.sqlite3", config, list(requests))
+
+    targets = code_symbols()
+    results, batch = run_symbol_tests(send, place, targets, REPO_MAP, TESTS, samples)
+    figures = yield_of_tests(results)
+    report = {r.name: [a.status for a in r.answers] for r in results}
+    assert figures.asked == 6 and figures.sampled == 6 * samples, report
+    assert batch is not None and batch.summary.failed == 0
+    assert figures.targets_with_accepted >= 1, json.dumps(report, indent=1)
+    for result in results:
+        for answer in result.answers:
+            if answer.accepted:
+                assert answer.reason.endswith(f"fails on all 2 mutants of {result.name}")
