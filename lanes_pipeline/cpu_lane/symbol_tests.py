@@ -311,6 +311,14 @@ class _Judged:
         return self.verdicts[key]
 
 
+def _compiles(expression: str) -> bool:
+    try:
+        compile(expression, "<call>", "eval")
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
 def verify_answer(
     judge: Callable[[Symbol, str], tuple[AnswerStatus, str]],
     place: VerifyPlace,
@@ -330,6 +338,8 @@ def verify_answer(
         status, reason = judge(symbol, code)
         return AnswerVerdict(sample=sample, status=status, reason=reason, test_code=code)
     parsed = parse_calls(whole, symbol.name)
+    # `f(a=1, a=2)` parses but does not compile: as a line of the test it would break the whole file.
+    parsed = parsed.model_copy(update={"calls": [c for c in parsed.calls if _compiles(c)]})
     if not parsed.calls:
         reason = "; ".join(parsed.rejected[:3]) or f"no call of {symbol.name} in the answer"
         return AnswerVerdict(sample=sample, status="no_calls", reason=reason[:600])

@@ -26,6 +26,7 @@ from lanes_pipeline.cpu_lane.symbol_tests import (
     verify_symbol_answers,
     yield_of_tests,
 )
+from lanes_pipeline.cpu_lane.symbol_work import day_work, symbols_at
 from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.cpu_lane.verified_sampling import TargetTally, kind_yield, samples_of
 from lanes_pipeline.settings import SandboxLimits, Settings
@@ -193,3 +194,31 @@ def test_regression_oracles_from_the_real_server_kill_both_mutants_of_sample_fun
         for answer in result.answers:
             if answer.accepted:
                 assert answer.reason.endswith(f"fails on all 2 mutants of {result.name}")
+
+
+def test_day_work_takes_changed_symbols_then_the_backlog_across_the_sample_days(tmp_path: Path) -> None:
+    commits = [build_history(tmp_path / "repo", [spec]) for spec in sample_repo.history()]
+    covered: set[str] = set()
+    before: list[Symbol] = []
+    picked = []
+    for commit in commits:
+        today = symbols_at(tmp_path / "repo", commit)
+        assert set(today.test_sources) <= {"tests/test_slug.py", "tests/test_textstats.py"}
+        work, targets = day_work(today, before, covered, backlog_per_day=2)
+        picked.append((work.changed, [s.name for s in targets], work.remaining))
+        covered |= {s.memo_key for s in targets}
+        before = today.symbols
+    # Day 1: no day before, so the backlog takes the most referenced first (words: called by the others),
+    # ties in source order.
+    assert picked[0] == ([], ["words", "word_count"], 1)
+    # Day 2: the new symbols first, then what day 1 left.
+    assert picked[1][0] == ["slug.py::slugify", "textstats.py::average_word_length"]
+    assert picked[1][1] == ["slugify", "average_word_length", "top_words"] and picked[1][2] == 0
+    # Day 3: slugify changed (a separator), unique_slug is new; nothing else is asked again.
+    assert picked[2] == (["slug.py::slugify", "slug.py::unique_slug"], ["slugify", "unique_slug"], 0)
+    broken = CommitSpec(
+        when=datetime(2026, 11, 4, tzinfo=UTC), message="broken", files={"bad.py": "def f(:\n"}
+    )
+    commit = build_history(tmp_path / "repo", [broken])
+    left_out = symbols_at(tmp_path / "repo", commit).left_out
+    assert left_out["bad.py"].startswith("SyntaxError line 1")
