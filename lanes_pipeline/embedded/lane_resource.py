@@ -48,8 +48,8 @@ def _server_config(lane: LaneName, connection: LaneConnection) -> CpuLane | GpuL
 
 class LaneEndpoint(ConfigurableResource):
     """Base of both lane resources: where the lane is and how to reach it (`connection()`), resolved once
-    per run; `lane` says which one. The CPU lane's resource holds its config model, so `connection()` is that
-    model and no setting is declared twice; LaneResource below keeps flat fields (the GPU lane's)."""
+    per run; `lane` says which one. Each lane's resource holds its config model, so `connection()` is that
+    model and no setting is declared twice."""
 
     lane: ClassVar[LaneName]
 
@@ -89,39 +89,4 @@ class LaneEndpoint(ConfigurableResource):
             timeout_s=connection.request_timeout_s,
             connect_timeout_s=connection.connect_timeout_s,
             retry=self.retry_policy(),
-        )
-
-
-class LaneResource(LaneEndpoint):
-    """A lane endpoint with its connection as flat fields (the GPU lane's resource)."""
-
-    base_url: str = "embedded"
-    api_key_env: str | None = None
-    request_timeout_s: float = 600.0
-    connect_timeout_s: float = 10.0
-    # The lane's RetryPolicy (configs/lanes.yaml), defaults from the one declaration in settings.py.
-    max_attempts: int = RetryPolicy().max_attempts
-    backoff_base_s: float = RetryPolicy().backoff_base_s
-    backoff_max_s: float = RetryPolicy().backoff_max_s
-
-    @staticmethod
-    def connection_fields(lane: LaneConnection) -> dict[str, object]:
-        return {
-            "base_url": lane.base_url,
-            "api_key_env": lane.api_key_env,
-            "request_timeout_s": lane.request_timeout_s,
-            "connect_timeout_s": lane.connect_timeout_s,
-            **lane.retry_policy().model_dump(),
-        }
-
-    def connection(self) -> LaneConnection:
-        # Not validated again: these values came from a validated LaneConnection (or a test's URL).
-        return LaneConnection.model_construct(
-            base_url=self.base_url,
-            api_key_env=self.api_key_env,
-            request_timeout_s=self.request_timeout_s,
-            connect_timeout_s=self.connect_timeout_s,
-            max_attempts=self.max_attempts,
-            backoff_base_s=self.backoff_base_s,
-            backoff_max_s=self.backoff_max_s,
         )
