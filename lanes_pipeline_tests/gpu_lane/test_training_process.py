@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from datetime import date
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance, MaterializeResult, asset, materialize
 
 from lanes_pipeline.daily.resources import ArtifactStoreResource
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.gpu_lane.client import VllmClient, asleep
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
-from lanes_pipeline.gpu_lane.training.runner import start_trainer, stop
+from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_training, start_trainer, stop
 from lanes_pipeline.gpu_lane.training.spec import TrainSpec
 from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK, remove_stale_partials
 from lanes_pipeline.gpu_lane.training_window import partition_dir, save_dataset
@@ -86,6 +87,62 @@ def test_sigkill_during_training_leaves_no_visible_adapter(settings: Settings, t
     stop(process)
     assert process.returncode != 0
     assert list(adapters.iterdir()) == []
+
+
+def _kill_trainer_once_it_steps(instance: DagsterInstance, timeout_s: float = 300.0) -> None:
+    """SIGKILL the trainer child of this process once its first step is in the run's log (it arrived
+    through Dagster Pipes while the trainer was still running)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logged = [e.user_message for run in instance.get_runs() for e in instance.all_logs(run.run_id)]
+        trainers = [
+            child
+            for child in psutil.Process().children(recursive=True)
+            if "lanes_pipeline.gpu_lane.training" in " ".join(child.cmdline())
+        ]
+        if trainers and any(message.startswith("step 1/") for message in logged):
+            trainers[0].kill()
+            return
+        time.sleep(0.2)
+    raise AssertionError("the trainer's first step never reached the run's log")
+
+
+def test_a_trainer_killed_under_pipes_is_transient_and_leaves_no_adapter(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Launched by an asset, the trainer reports through Dagster Pipes as it goes; killed (the OOM killer),
+    it is a transient error (the step may be retried), and no visible adapter is left."""
+    spec = _spec(settings, tmp_path)
+    errors: list[TrainingError] = []
+
+    @asset
+    def killed_training(context) -> MaterializeResult:  # type: ignore[no-untyped-def]  # Dagster reads it
+        try:
+            run_training(spec, tmp_path / "trainer.log", context)
+        except TrainingError as exc:
+            errors.append(exc)
+        return MaterializeResult()
+
+    instance = DagsterInstance.ephemeral()
+    failures: list[BaseException] = []
+
+    def killer() -> None:
+        try:
+            _kill_trainer_once_it_steps(instance)
+        except BaseException as exc:  # reported below, in the test's own thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    result = materialize([killed_training], instance=instance)
+    thread.join()
+    assert not failures, failures
+    assert result.success
+    [error] = errors
+    assert error.returncode == -signal.SIGKILL and error.transient
+    assert _visible(tmp_path / "adapters") == []
 
 
 class FakeSleepingVllm(BaseHTTPRequestHandler):

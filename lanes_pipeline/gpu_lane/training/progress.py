@@ -30,10 +30,11 @@ class JsonLines:
 
 
 def step_line(fields: dict[str, Any]) -> str | None:
-    """The log line of a step event: every step of a short run, about LOG_LINES of a long one."""
+    """The log line of a step event: every step of a short run, about LOG_LINES of a long one (the first
+    and last always: the first says training has started, and how fast)."""
     step, total = int(fields["step"]), int(fields.get("total_steps") or 1)
     every = max(1, total // LOG_LINES)
-    if step % every != 0 and step != total:
+    if step % every != 0 and step not in (1, total):
         return None
     return (
         f"step {step}/{total} loss {fields['loss']:.4f} {fields['tokens_per_s']:.0f} tok/s "
