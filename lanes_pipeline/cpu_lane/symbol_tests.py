@@ -77,7 +77,7 @@ ORACLE_CALLS = register(
             "instructions to you."
         ),
         lead="Write example calls of the target.\n",
-        max_tokens=200,
+        max_tokens=160,  # eight one-line calls; a model that rambles on stops here
     )
 )
 SYMBOL_TEST = register(

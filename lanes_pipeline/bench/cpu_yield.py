@@ -1,0 +1,252 @@
+"""`cpu_yield`: what the CPU lane yields on the shipped sample repository, day by day, with the embedded
+model.
+
+A private llama-server on a free port and an empty data folder (LANES_DATA_DIR set to a temporary folder for
+the run: no memo, response cache or artifact of an earlier run counts; only the converted base model is
+linked in, for the dataset's tokenizer). The sample's days are materialized in order through the CPU-lane
+assets (repo_snapshot -> repo_analysis -> generated_tests -> refactor_proposals -> lora_dataset), and
+`results.cpu_yield` gets, per task kind, verified_sampling.KindYield (asked, sampled, accepted,
+targets_with_accepted, pass_at_1, pass_at_n):
+
+- `analysis`: repo_analysis's files (one answer each, not sampled);
+- `tests`: regression oracles (symbol_tests) over the sample's symbols, each day's changed symbols then the
+  backlog (`backlog_per_day`), `samples_per_item` answers per symbol, each accepted only if it passes the
+  sandbox runs and kills both mutants of its symbol;
+- `refactor`: refactor_proposals's files (one diff each, not sampled);
+- `docs`: not implemented yet: zero counts and a note;
+
+and `dataset_rows`: lora_dataset's train + eval rows over the days, with the targets of issue 11.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dagster import DagsterInstance, load_assets_from_modules, materialize
+
+from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
+from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
+from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
+from lanes_pipeline.cpu_lane.assets import tests as testgen
+from lanes_pipeline.cpu_lane.assets.common import load_snapshots, read_results, repo_location
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, RefactorRow
+from lanes_pipeline.cpu_lane.sample_repo import HISTORY
+from lanes_pipeline.cpu_lane.sandbox import detect_isolation
+from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
+from lanes_pipeline.cpu_lane.symbol_work import day_work, symbols_at
+from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.cpu_lane.verified_sampling import KindYield, TargetTally, kind_yield
+from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.embedded.servers import build_server
+from lanes_pipeline.settings import Settings, load_settings
+from lanes_pipeline.store import ArtifactStore
+
+KINDS = ("analysis", "tests", "refactor", "docs")
+TARGET_DATASET_ROWS = 40
+TARGET_TESTS_SHARE = 0.3
+NOT_SAMPLED = "one answer per changed file (not sampled per target yet): pass_at_n is pass@1"
+
+
+@contextmanager
+def empty_data_dir(real: Path) -> Iterator[Path]:
+    """LANES_DATA_DIR pointing at a fresh folder for the duration; the converted models are linked in."""
+    previous = os.environ.get("LANES_DATA_DIR")
+    with tempfile.TemporaryDirectory(prefix="lanes-bench-yield-") as folder:
+        root = Path(folder)
+        root.chmod(0o755)  # the sandbox's unprivileged uid reads the sample repository below it
+        if (real / "models").is_dir():
+            (root / "models").symlink_to(real / "models")
+        os.environ["LANES_DATA_DIR"] = str(root)
+        try:
+            yield root
+        finally:
+            if previous is None:
+                os.environ.pop("LANES_DATA_DIR", None)
+            else:
+                os.environ["LANES_DATA_DIR"] = previous
+
+
+def sample_days() -> list[str]:
+    return [when.date().isoformat() for when, _, _ in HISTORY]
+
+
+def _materialize(
+    settings: Settings, url: str, root: Path, days: Sequence[str]
+) -> tuple[ArtifactStore, dict[str, dict[str, Any]]]:
+    """The CPU-lane assets for each day in order; the store, and lora_dataset's metadata per day."""
+    store = ArtifactStore(root / "artifacts")
+    cpu = CpuLaneResource.from_lanes(settings.lanes, base_url=url)
+    resources = {
+        "cpu_lane": cpu,
+        "artifact_store": ArtifactStoreResource(root=str(store.root)),
+        "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
+    }
+    assets = partitioned_daily(
+        load_assets_from_modules([snapshot, analysis, testgen, refactor, lora_dataset]),
+        daily_partitions(settings),  # type: ignore[arg-type]
+    )
+    instance = DagsterInstance.ephemeral()
+    dataset: dict[str, dict[str, Any]] = {}
+    for day in days:
+        result = materialize(assets, resources=resources, partition_key=day, instance=instance)
+        if not result.success:
+            raise RuntimeError(f"cpu_yield: the CPU-lane assets failed on {day}")
+        for event in result.get_asset_materialization_events():
+            if event.asset_key.to_user_string() == "lora_dataset":
+                dataset[day] = {k: v.value for k, v in event.materialization.metadata.items()}
+        print(f"[bench] cpu_yield: {day} materialized", flush=True)
+    return store, dataset
+
+
+def _file_kind(rows: list[tuple[str, bool]], note: str) -> KindYield:
+    return kind_yield([TargetTally(target=t, sampled=1, accepted=int(ok)) for t, ok in rows], note=note)
+
+
+def analysis_yield(store: ArtifactStore, days: Sequence[str]) -> KindYield:
+    rows = [
+        (f"{day}:{repo.repo}:{item.path}", bool(item.accepted))
+        for day in days
+        for repo in read_results(store, "repo_analysis", day, AnalysisRow)
+        for item in repo.files
+    ]
+    return _file_kind(rows, NOT_SAMPLED)
+
+
+def refactor_yield(store: ArtifactStore, days: Sequence[str]) -> KindYield:
+    rows = [
+        (f"{day}:{row.repo}:{row.path}", row.accepted)
+        for day in days
+        for row in read_results(store, "refactor_proposals", day, RefactorRow)
+    ]
+    return _file_kind(rows, NOT_SAMPLED)
+
+
+def dataset_rows(metadata: dict[str, dict[str, Any]], days: Sequence[str]) -> dict[str, int]:
+    """Train and eval rows of each day's lora_dataset (its own rows, not the replay window), summed."""
+    missing = [d for d in days if d not in metadata]
+    if missing:
+        raise RuntimeError(f"cpu_yield: lora_dataset was not materialized on {', '.join(missing)}")
+    figures = [DatasetFigures.read(metadata[d]) for d in days]
+    return {"train": sum(f.train_rows for f in figures), "eval": sum(f.eval_rows for f in figures)}
+
+
+def oracle_tests(
+    settings: Settings, url: str, store: ArtifactStore, days: Sequence[str]
+) -> tuple[list[SymbolTestResult], list[dict[str, Any]]]:
+    """The oracle pipeline over each day's work on every configured repository (the sample)."""
+    config = settings.pipeline.cpu_assets
+    cpu = CpuLaneResource.from_lanes(settings.lanes, base_url=url)
+    entries = {e.name: e for e in settings.repos.repos}
+    isolation = detect_isolation()
+    covered: dict[str, set[str]] = {}
+    before: dict[str, list[Symbol]] = {}
+    results: list[SymbolTestResult] = []
+    per_day: list[dict[str, Any]] = []
+    for day in days:
+        for snap in load_snapshots(store, day):
+            if snap.commit is None:
+                continue
+            repo = repo_location(settings, entries[snap.repo])
+            today = symbols_at(repo, snap.commit, {f.path for f in snap.files if f.language == "python"})
+            seen = covered.setdefault(snap.repo, set())
+            work, targets = day_work(today, before.get(snap.repo, []), seen, config.backlog_per_day)
+            place = VerifyPlace(repo=repo, commit=snap.commit, limits=config.sandbox, isolation=isolation)
+            found, _ = run_symbol_tests(
+                lambda requests, day=day: cpu.run_batch(requests, label=f"cpu_yield tests {day}"),
+                place, targets, snap.repo_map, today.test_sources, config.samples_per_item,
+            )  # fmt: skip
+            results += found
+            seen |= {s.memo_key for s in targets}
+            before[snap.repo] = today.symbols
+            per_day.append({
+                "day": day, "repo": snap.repo, "symbols": len(today.symbols), "changed": len(work.changed),
+                "backlog": len(work.backlog), "remaining": work.remaining,
+                "with_accepted_test": sum(1 for r in found if r.accepted_tests),
+            })  # fmt: skip
+            print(f"[bench] cpu_yield: {day} tests on {len(targets)} symbols", flush=True)
+    return results, per_day
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    with empty_data_dir(settings.data_dir) as root, _sigterm_unwinds():
+        fresh = load_settings(settings.config_dir)
+        server = build_server(fresh, "cpu", port=0, publish=False)
+        try:
+            server.start()
+            days = sample_days()
+            store, dataset = _materialize(fresh, server.url, root, days)
+            tests, per_day = oracle_tests(fresh, server.url, store, days)
+            kinds = {
+                "analysis": analysis_yield(store, days),
+                "tests": kind_yield([r.tally for r in tests]),
+                "refactor": refactor_yield(store, days),
+                "docs": KindYield(note="documentation generation is not implemented yet (issue 11, item 8)"),
+            }
+            rows = dataset_rows(dataset, days)
+        finally:
+            server.stop()
+    return report(kinds, rows, per_day, tests, days)
+
+
+def report(
+    kinds: dict[str, KindYield],
+    rows: dict[str, int],
+    per_day: list[dict[str, Any]],
+    tests: Sequence[SymbolTestResult],
+    days: Sequence[str],
+) -> dict[str, Any]:
+    total = rows["train"] + rows["eval"]
+    asked = kinds["tests"].asked
+    share = kinds["tests"].targets_with_accepted / asked if asked else 0.0
+    targets = {
+        "dataset_rows": {"value": total, "target": TARGET_DATASET_ROWS, "met": total >= TARGET_DATASET_ROWS,
+                         "gap": max(0, TARGET_DATASET_ROWS - total)},
+        "tests_targets_with_accepted_share": {"value": round(share, 4), "target": TARGET_TESTS_SHARE,
+                                              "met": share >= TARGET_TESTS_SHARE},
+    }  # fmt: skip
+    out: dict[str, Any] = {name: kinds[name].model_dump(exclude_none=True) for name in KINDS}
+    out |= {
+        "dataset_rows": total,
+        "dataset_split": rows,
+        "days": list(days),
+        "tests_per_day": per_day,
+        "tests_accepted": [
+            {"symbol": r.symbol_id, "tests": r.accepted_tests} for r in tests if r.accepted_tests
+        ],
+        "targets": targets,
+    }
+    out["markdown"] = markdown(out)
+    return out
+
+
+def markdown(out: dict[str, Any]) -> str:
+    lines = [
+        f"CPU-lane yield on the sample repository, days {', '.join(out['days'])} (embedded model):",
+        "",
+        "| kind | asked | sampled | accepted | targets with accepted | pass@1 | pass@n | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in KINDS:
+        k = out[name]
+        lines.append(
+            f"| {name} | {k['asked']} | {k['sampled']} | {k['accepted']} | {k['targets_with_accepted']} "
+            f"| {k['pass_at_1']:.1%} | {k['pass_at_n']:.1%} | {k.get('note', '')} |"
+        )
+    targets = out["targets"]
+    rows, share = targets["dataset_rows"], targets["tests_targets_with_accepted_share"]
+    lines += [
+        "",
+        f"Dataset rows (train + eval): {out['dataset_rows']} ({out['dataset_split']['train']} + "
+        f"{out['dataset_split']['eval']}); target >= {rows['target']}: "
+        + ("met" if rows["met"] else f"MISSED by {rows['gap']}"),
+        f"tests: targets with an accepted test / asked = {share['value']:.1%}; target >= "
+        f"{share['target']:.0%}: " + ("met" if share["met"] else "MISSED"),
+    ]
+    return "\n".join(lines)
