@@ -126,10 +126,10 @@ def _stop_if_interrupted(result: Any) -> None:
     """Ctrl-C, SIGTERM or SIGHUP during `execute_in_process` stop the run at its next checkpoint, and Dagster
     records it as failed for an unexpected termination and returns (raise_on_error=False) instead of raising:
     the command must stop there too, not go on with the day."""
-    failure = result.get_run_failure_event()
-    reason = getattr(failure.job_failure_data, "failure_reason", None) if failure else None
-    if reason is not None and reason.value == "UNEXPECTED_TERMINATION":
-        raise KeyboardInterrupt
+    for event in result.all_events:  # a run that did not fail has no failure event
+        reason = getattr(event.job_failure_data, "failure_reason", None) if event.is_run_failure else None
+        if reason is not None and reason.value == "UNEXPECTED_TERMINATION":
+            raise KeyboardInterrupt
 
 
 def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[str, bool, list[str]]:
