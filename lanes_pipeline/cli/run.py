@@ -122,7 +122,7 @@ def _outcomes(result: Any, selected: list[str], partition: str | None) -> list[A
     return outcomes
 
 
-def _stop_if_interrupted(result: Any) -> None:
+def stop_if_interrupted(result: Any) -> None:
     """Ctrl-C, SIGTERM or SIGHUP during `execute_in_process` stop the run at its next checkpoint, and Dagster
     records it as failed for an unexpected termination and returns (raise_on_error=False) instead of raising:
     the command must stop there too, not go on with the day."""
@@ -154,7 +154,7 @@ def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[s
         probes = job.execute_in_process(
             instance=instance, asset_selection=unpartitioned, tags=tags, raise_on_error=False
         )
-        _stop_if_interrupted(probes)
+        stop_if_interrupted(probes)
         rows += _outcomes(probes, [k.to_user_string() for k in unpartitioned], None)
         failures += [] if probes.success else ["lane probes"]
     # The probe assets are the run's one request to each lane: printed now, summarized at the end.
@@ -171,7 +171,7 @@ def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[s
         tags=tags,
         raise_on_error=False,
     )
-    _stop_if_interrupted(result)
+    stop_if_interrupted(result)
     after = _read_counters(settings, endpoints)
     rows += _outcomes(result, [k.to_user_string() for k in partitioned], partition)
     failures += [r.asset for r in rows if r.status == "failed"]

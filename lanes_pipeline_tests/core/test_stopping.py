@@ -15,8 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from dagster import DagsterInstance, DagsterRunStatus
+from dagster import DagsterInstance, DagsterRunStatus, asset, materialize
 
+from lanes_pipeline.cli.run import stop_if_interrupted
 from lanes_pipeline.daily.instance import NOT_FINISHED
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.settings import Settings, project_root
@@ -76,6 +77,24 @@ def _stop_and_check(
     assert not left, f"still running after {sig.name}: {left}\n{output[-3000:]}"
     assert [port for port in ports if not port_is_free(port)] == [], output[-3000:]
     return code, tree
+
+
+def test_only_an_interrupted_run_stops_lanes_run() -> None:
+    """A run that succeeded or whose step failed is no interruption: `lanes run` goes on to the summary."""
+
+    @asset
+    def fine() -> int:
+        return 1
+
+    @asset
+    def broken() -> None:
+        raise ValueError("a step failure, not an interruption")
+
+    with DagsterInstance.ephemeral() as instance:
+        stop_if_interrupted(materialize([fine], instance=instance))
+        failed = materialize([broken], instance=instance, raise_on_error=False)
+    assert not failed.success
+    stop_if_interrupted(failed)
 
 
 @pytest.fixture
