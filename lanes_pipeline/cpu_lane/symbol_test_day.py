@@ -1,0 +1,163 @@
+"""`generated_tests`' work on one repository for one day, symbol by symbol.
+
+1. The day's symbols (symbol_work): new and changed since the previous day's commit first, then up to
+   `backlog_per_day` never-covered ones. The selection is remembered per (repository, day, commit), so a
+   re-run or a backfill of a day takes the same symbols whatever other days did since; the repository's
+   register of covered symbols (memo keys asked, ids with an accepted test) grows as days run.
+2. The repository's environment (repo_env): none needed without dependency files (the project's Python runs
+   the tests); when one is needed and cannot be built, the reason is recorded and no test is asked that day.
+3. Each symbol's oracle job (symbol_tests), remembered under what decides it (the symbol's memo key, the
+   commit, the model, samples, tokens, sandbox limits): a re-run asks and judges nothing.
+
+Coverage of the repository (symbols, covered so far, with an accepted test) comes back for the metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lanes_pipeline.cpu_lane.backlog import is_covered
+from lanes_pipeline.cpu_lane.batch import BatchResult
+from lanes_pipeline.cpu_lane.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.repo_env import dependency_files_at, ensure_env, read_dependencies
+from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
+from lanes_pipeline.cpu_lane.sandbox import Isolation
+from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
+from lanes_pipeline.cpu_lane.symbol_work import day_work, symbols_at
+from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.settings import SandboxLimits
+
+DAY_VERSION = 1  # bump when the selection or the job changes in a way that should forget remembered results
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SymbolTestCoverage(Frozen):
+    """One repository's coverage by generated tests, after the day."""
+
+    repo: str
+    symbols: int
+    covered: int = Field(description="symbols asked for tests in their current form, on any day so far")
+    with_accepted_test: int
+    changed_today: int
+    backlog_today: int
+    remaining: int = Field(description="never-covered symbols still waiting after the day")
+    left_out: dict[str, str] = Field({}, description="files not scanned, with the reason")
+    environment: str = Field("", description="why no test ran (the environment could not be built)")
+
+    def share(self) -> float:
+        return round(self.with_accepted_test / self.symbols, 4) if self.symbols else 0.0
+
+
+class SymbolTestsConfig(Frozen):
+    model: str
+    samples: int
+    backlog_per_day: int
+    limits: SandboxLimits
+    max_tokens: int | None = None
+
+
+Send = Callable[[Sequence[BatchRequest]], BatchResult]
+
+
+class SymbolTestDay:
+    """The memo namespaces of the job, a sender for batches, and the batches it sent (for the metadata)."""
+
+    def __init__(self, results: Memo, register: Memo, config: SymbolTestsConfig, data_dir: Path) -> None:
+        self.results, self.register, self.config, self.data_dir = results, register, config, data_dir
+        self.batches: list[BatchResult] = []
+        self.asked = 0
+        self.failed = 0  # requests that failed (transiently or not): for the lane's failure gate
+
+    def _register(self, repo: str) -> tuple[str, set[str], set[str]]:
+        key = memo_key("tests_register", DAY_VERSION, repo)
+        value = self.register.get(key) or {"covered": [], "accepted": []}
+        return key, set(value["covered"]), set(value["accepted"])
+
+    def run(
+        self, snapshot: Snapshot, repo: Path, send: Send, isolation: Callable[[], Isolation]
+    ) -> tuple[list[SymbolTestResult], SymbolTestCoverage | None]:
+        if snapshot.commit is None:
+            return [], None
+        paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
+        today = symbols_at(repo, snapshot.commit, paths)
+        register_key, covered, accepted = self._register(snapshot.repo)
+        selection_key = memo_key("tests_selection", DAY_VERSION, snapshot.repo, snapshot.day.isoformat(),
+                                 snapshot.commit, self.config.backlog_per_day)  # fmt: skip
+        chosen = self.register.get(selection_key)
+        if chosen is None:
+            before = symbols_at(repo, snapshot.previous_commit).symbols if snapshot.previous_commit else []
+            work, _ = day_work(today, before, covered, self.config.backlog_per_day)
+            chosen = {"changed": work.changed, "backlog": work.backlog, "remaining": work.remaining}
+            self.register.put(selection_key, chosen)
+        by_id = today.by_id()
+        targets = [by_id[i] for i in [*chosen["changed"], *chosen["backlog"]] if i in by_id]
+        python, reason = self._environment(repo, snapshot.commit)
+        results: list[SymbolTestResult] = []
+        if not reason:
+            place = VerifyPlace(repo=repo, commit=snapshot.commit, limits=self.config.limits, python=python,
+                                isolation=isolation() if targets else None)  # fmt: skip
+            results = self._results(place, targets, snapshot.repo_map, today.test_sources, send)
+            covered |= {s.memo_key for s in targets}
+            accepted |= {r.symbol_id for r in results if r.accepted_tests}
+            self.register.put(register_key, {"covered": sorted(covered), "accepted": sorted(accepted)})
+        coverage = SymbolTestCoverage(
+            repo=snapshot.repo,
+            symbols=len(today.symbols),
+            covered=sum(is_covered(s, covered) for s in today.symbols),
+            with_accepted_test=sum(s.id in accepted for s in today.symbols),
+            changed_today=len(chosen["changed"]),
+            backlog_today=len(chosen["backlog"]),
+            remaining=chosen["remaining"],
+            left_out=today.left_out,
+            environment=reason,
+        )
+        return results, coverage
+
+    def _environment(self, repo: Path, commit: str) -> tuple[str | None, str]:
+        """(the interpreter tests run with, '' or why none could be built)."""
+        files = dependency_files_at(repo, commit)
+        if not files:
+            return None, ""  # nothing to install: the project's own Python (it has pytest) runs them
+        env = ensure_env(read_dependencies(files), self.data_dir)
+        if not env.ok:
+            return None, f"the repository's environment could not be built: {env.reason} (log {env.log_path})"
+        return env.python, ""
+
+    def _key(self, symbol: Symbol, place: VerifyPlace) -> str:
+        config = self.config
+        asked = (config.model, config.samples, config.max_tokens, config.limits.model_dump())
+        return memo_key(
+            "symbol_tests", DAY_VERSION, symbol.memo_key, place.commit, *asked, place.python is not None
+        )
+
+    def _results(
+        self,
+        place: VerifyPlace,
+        targets: Sequence[Symbol],
+        repo_map: str,
+        test_sources: Mapping[str, str],
+        send: Send,
+    ) -> list[SymbolTestResult]:
+        keys = {s.id: self._key(s, place) for s in targets}
+        known = {i: self.results.get(k) for i, k in keys.items()}
+        missing = [s for s in targets if known[s.id] is None]
+        if missing:
+            found, batch = run_symbol_tests(send, place, missing, repo_map, test_sources, self.config.samples,
+                                            max_tokens=self.config.max_tokens)  # fmt: skip
+            if batch is not None:
+                self.batches.append(batch)
+                self.asked += len(batch.results)
+                self.failed += batch.summary.failed
+            for result in found:
+                # A transient failure of some answers is not remembered: the next run asks that symbol again.
+                if not any(a.status == "no_answer" and "too_long" not in a.reason for a in result.answers):
+                    self.results.put(keys[result.symbol_id], result.model_dump(mode="json"))
+                known[result.symbol_id] = result.model_dump(mode="json")
+        return [SymbolTestResult.model_validate(known[s.id]) for s in targets]

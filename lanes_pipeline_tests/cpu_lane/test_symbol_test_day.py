@@ -1,0 +1,94 @@
+"""generated_tests' day on one repository, symbol by symbol, with canned answers (no model): changed symbols
+first then the backlog, the selection and results remembered (a re-run of a day asks nothing), coverage."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+import lanes_pipeline.cpu_lane.sample_repo as sample_repo
+from lanes_pipeline.cpu_lane.batch import BatchResult
+from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.batch_summary import summarize
+from lanes_pipeline.cpu_lane.memo import Memo
+from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, build_history, language_of, ls_tree
+from lanes_pipeline.cpu_lane.sandbox import detect_isolation
+from lanes_pipeline.cpu_lane.symbol_test_day import SymbolTestDay, SymbolTestsConfig
+from lanes_pipeline.settings import SandboxLimits
+from lanes_pipeline.store import ArtifactStore
+
+# What the model "proposes" per target (after the prefilled `name(`): one good call each, so every asked
+# symbol gets an accepted test; `top_words` gets a call that raises the same TypeError on every mutant.
+CALLS = {"words": "'A b')", "word_count": "'one two')", "top_words": "1, 2, 3, 4)",
+         "average_word_length": "'ab abcd')", "slugify": "'Hello, World!')",
+         "unique_slug": "'A b', {'a-b'})"}  # fmt: skip
+
+
+class FakeLane:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def __call__(self, requests: Sequence[BatchRequest]) -> BatchResult:
+        items = []
+        for index, request in enumerate(requests):
+            self.asked.append(request.id)
+            name = request.id.split("::", 1)[1].split("#", 1)[0]
+            items.append(
+                ItemResult(index=index, id=request.id, key=str(index), status="ok", text=CALLS[name])
+            )
+        return BatchResult.model_construct(results=items, summary=summarize(items, 0.1), server=None)
+
+
+def snapshot(repo: Path, commit: str, previous: str | None, day: int) -> Snapshot:
+    files = [FileEntry(path=e.path, blob=e.blob, language=language_of(e.path), size=e.size)
+             for e in ls_tree(repo, commit) if not e.path.startswith("tests/")]  # fmt: skip
+    return Snapshot(repo="sample", day=date(2026, 11, day), branch="HEAD", commit=commit,
+                    previous_commit=previous, files=files, repo_map="map")  # fmt: skip
+
+
+@pytest.mark.timeout(900)
+def test_a_day_takes_changed_symbols_then_the_backlog_and_a_rerun_asks_nothing(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    commits = [build_history(repo, [spec]) for spec in sample_repo.history()]
+    store = ArtifactStore(tmp_path / "artifacts")
+    config = SymbolTestsConfig(
+        model="m", samples=1, backlog_per_day=2, limits=SandboxLimits(timeout_s=30, runs=1)
+    )
+    lane = FakeLane()
+    day = SymbolTestDay(Memo(store, "symbol_tests"), Memo(store, "tests_register"), config, tmp_path)
+    isolation = detect_isolation()
+    snaps = [snapshot(repo, c, commits[i - 1] if i else None, i + 1) for i, c in enumerate(commits)]
+
+    results, coverage = day.run(snaps[0], repo, lane, lambda: isolation)
+    assert [r.name for r in results] == ["words", "word_count"] and all(r.accepted_tests for r in results)
+    assert coverage is not None
+    assert (coverage.symbols, coverage.covered, coverage.with_accepted_test, coverage.remaining) == (
+        3,
+        2,
+        2,
+        1,
+    )
+    assert lane.asked == ["oracle:textstats.py::words#s0", "oracle:textstats.py::word_count#s0"]
+
+    lane.asked.clear()
+    again, coverage_again = day.run(snaps[0], repo, lane, lambda: isolation)
+    assert lane.asked == [] and again == results and coverage_again == coverage  # remembered, asked nothing
+
+    results, coverage = day.run(snaps[1], repo, lane, lambda: isolation)
+    assert [r.name for r in results] == ["slugify", "average_word_length", "top_words"]
+    assert [r.answers[0].status for r in results] == ["accepted", "accepted", "survives_mutant"]
+    assert coverage is not None and (coverage.changed_today, coverage.backlog_today) == (2, 1)
+    assert (coverage.symbols, coverage.covered, coverage.with_accepted_test) == (5, 5, 4)
+
+    lane.asked.clear()
+    results, coverage = day.run(snaps[2], repo, lane, lambda: isolation)
+    assert lane.asked == ["oracle:slug.py::slugify#s0", "oracle:slug.py::unique_slug#s0"]
+    assert coverage is not None and (coverage.symbols, coverage.with_accepted_test) == (6, 5)
+    assert coverage.share() == round(5 / 6, 4)
+    # A backfill of day 1 after day 3 takes day 1's symbols again, from memory.
+    lane.asked.clear()
+    backfill, _ = day.run(snaps[0], repo, lane, lambda: isolation)
+    assert [r.name for r in backfill] == ["words", "word_count"] and lane.asked == []
