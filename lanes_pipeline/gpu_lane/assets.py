@@ -91,6 +91,10 @@ def failing_for_good(step: str) -> Iterator[None]:
         yield
     except (Failure, LaneError):
         raise
+    except TrainingError as exc:
+        # A trainer (or eval) process that raised will raise again (data, device, config): no retry; a
+        # killed one (the OOM killer, a shutdown) may not be killed again.
+        raise Failure(f"{step}: {exc}", allow_retries=exc.transient) from exc
     except (ValueError, LookupError, ConfigError, FileExistsError) as exc:
         raise Failure(f"{step}: {exc}", allow_retries=False) from exc
 
@@ -238,12 +242,8 @@ def _train_day(
     context.log.info(f"training {name} on {len(dirs)} day(s) of data: {', '.join(d.name for d in dirs)}")
     freeing_gpu = gpu_lane.config.sleep_mode and _trains_on_cuda(config.device)
     log_path = data_dir() / "logs" / f"training-{name}.log"
-    try:
-        with _gpu_asleep(gpu_lane) if freeing_gpu else nullcontext():
-            summary = run_training(spec, log_path, context)
-    except TrainingError as exc:
-        # A trainer that raised will raise again (data, device, config): no retry; a killed one may not.
-        raise Failure(str(exc), allow_retries=exc.transient) from exc
+    with _gpu_asleep(gpu_lane) if freeing_gpu else nullcontext():
+        summary = run_training(spec, log_path, context)  # a TrainingError: see failing_for_good
     check_adapter_dir(folder / name, gpu_lane.config.max_lora_rank, supported)
     version = registry.add(name, day, folder / name, inputs_hash, summary.model_dump(mode="json"))
     context.log.info(
