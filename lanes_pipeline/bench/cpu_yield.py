@@ -34,13 +34,13 @@ from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.assets.common import load_snapshots, read_results, repo_location
+from lanes_pipeline.cpu_lane.memo import Memo
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, RefactorRow
 from lanes_pipeline.cpu_lane.sample_repo import HISTORY
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation
-from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
-from lanes_pipeline.cpu_lane.symbol_work import day_work, symbols_at
-from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.cpu_lane.symbol_test_day import SymbolTestDay, SymbolTestsConfig
+from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult
 from lanes_pipeline.cpu_lane.verified_sampling import KindYield, TargetTally, kind_yield
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
@@ -140,37 +140,28 @@ def dataset_rows(metadata: dict[str, dict[str, Any]], days: Sequence[str]) -> di
 def oracle_tests(
     settings: Settings, url: str, store: ArtifactStore, days: Sequence[str]
 ) -> tuple[list[SymbolTestResult], list[dict[str, Any]]]:
-    """The oracle pipeline over each day's work on every configured repository (the sample)."""
+    """The oracle pipeline (symbol_test_day, as generated_tests runs it) over each day's work on every
+    configured repository (the sample): its results, and each day's coverage."""
     config = settings.pipeline.cpu_assets
     cpu = CpuLaneResource.from_lanes(settings.lanes, base_url=url)
     entries = {e.name: e for e in settings.repos.repos}
+    job = SymbolTestsConfig(model=cpu.config.model, samples=config.samples_per_item,
+                            backlog_per_day=config.backlog_per_day, limits=config.sandbox)  # fmt: skip
+    work = SymbolTestDay(Memo(store, "symbol_tests"), Memo(store, "tests_register"), job, settings.data_dir)
     isolation = detect_isolation()
-    covered: dict[str, set[str]] = {}
-    before: dict[str, list[Symbol]] = {}
     results: list[SymbolTestResult] = []
     per_day: list[dict[str, Any]] = []
     for day in days:
         for snap in load_snapshots(store, day):
-            if snap.commit is None:
-                continue
             repo = repo_location(settings, entries[snap.repo])
-            today = symbols_at(repo, snap.commit, {f.path for f in snap.files if f.language == "python"})
-            seen = covered.setdefault(snap.repo, set())
-            work, targets = day_work(today, before.get(snap.repo, []), seen, config.backlog_per_day)
-            place = VerifyPlace(repo=repo, commit=snap.commit, limits=config.sandbox, isolation=isolation)
-            found, _ = run_symbol_tests(
-                lambda requests, day=day: cpu.run_batch(requests, label=f"cpu_yield tests {day}"),
-                place, targets, snap.repo_map, today.test_sources, config.samples_per_item,
+            found, coverage = work.run(
+                snap, repo, lambda requests, day=day: cpu.run_batch(requests, label=f"cpu_yield {day}"),
+                lambda: isolation,
             )  # fmt: skip
             results += found
-            seen |= {s.memo_key for s in targets}
-            before[snap.repo] = today.symbols
-            per_day.append({
-                "day": day, "repo": snap.repo, "symbols": len(today.symbols), "changed": len(work.changed),
-                "backlog": len(work.backlog), "remaining": work.remaining,
-                "with_accepted_test": sum(1 for r in found if r.accepted_tests),
-            })  # fmt: skip
-            print(f"[bench] cpu_yield: {day} tests on {len(targets)} symbols", flush=True)
+            if coverage is not None:
+                per_day.append({"day": day, **coverage.model_dump(), "share": coverage.share()})
+            print(f"[bench] cpu_yield: {day} tests on {len(found)} symbols", flush=True)
     return results, per_day
 
 
