@@ -16,7 +16,7 @@ from lanes_pipeline.embedded.servers import (
     running_embedded_url,
 )
 from lanes_pipeline.http import OpenAIClient
-from lanes_pipeline.settings import CpuLane, GpuLane, LaneConnection, RetryPolicy, data_dir, load_settings
+from lanes_pipeline.settings import CpuLane, GpuLane, LaneConnection, RetryPolicy, data_dir
 
 
 def resolve_lane_url(lane: LaneName, connection: LaneConnection) -> tuple[str, EmbeddedServer | None]:
@@ -37,13 +37,13 @@ def resolve_lane_url(lane: LaneName, connection: LaneConnection) -> tuple[str, E
 
 
 def _server_config(lane: LaneName, connection: LaneConnection) -> CpuLane | GpuLane:
-    """The lane's config with its embedded server's settings: the resource's own when it holds its lane's
-    config model (the CPU lane's does). A resource with flat connection fields (the GPU lane's, until it holds
-    its GpuLane too) carries no embedded-server settings; those are read from the configured folder."""
-    if isinstance(connection, CpuLane | GpuLane):
-        return connection
-    lanes = load_settings().lanes
-    return lanes.cpu_lane if lane == "cpu" else lanes.gpu_lane
+    """The lane's own config model, which says how to start its embedded server (port, slots, model...)."""
+    if not isinstance(connection, CpuLane | GpuLane):
+        raise TypeError(
+            f"the {LANE_LABEL[lane]} lane's resource gave a {type(connection).__name__}: an embedded server "
+            "is started from the lane's config model (CpuLane or GpuLane)"
+        )
+    return connection
 
 
 class LaneEndpoint(ConfigurableResource):
