@@ -32,7 +32,6 @@ DAILY_MODULES = [snapshot, analysis, testgen, refactor, lora_dataset, gpu_lane]
 def daily_assets(settings: Settings) -> dict[str, AssetsDefinition]:
     """Every daily lane asset by name, on the configured partitions (tests materialize them directly)."""
     assets = partitioned_daily(load_assets_from_modules(DAILY_MODULES), daily_partitions(settings))  # type: ignore[arg-type]
-    assets = gpu_lane.with_training_window(assets, settings.training.replay_window_days)
     return {asset.key.to_user_string(): asset for asset in assets}
 
 

@@ -11,25 +11,20 @@ retried (`failing_for_good`); a lane that is down or busy is (LANE_RETRY).
 import base64
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
 from dagster import (
-    AssetDep,
     AssetExecutionContext,
     AssetKey,
-    AssetsDefinition,
-    AssetSpec,
     Failure,
     FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
-    TimeWindowPartitionMapping,
     asset,
-    map_asset_specs,
 )
 from pydantic import BaseModel
 
@@ -155,8 +150,9 @@ def _too_few_rows(rows: int, dirs: list[Path], config: TrainingConfig) -> str:
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
-    # The window of days it reads (TimeWindowPartitionMapping of replay_window_days) is declared when the
-    # definitions load: see `with_training_window` below.
+    # It reads replay_window_days of lora_dataset but declares the same day only: a TimeWindowPartitionMapping
+    # of the window makes Dagster's asset backfills run each day's GPU chain apart from (after) the day's
+    # CPU-lane run, so a backfill is no longer one run per day (seen in test_daily_backfill).
     deps=[LORA_DATASET],
     description="PEFT LoRA trained in a subprocess (Dagster Pipes) on the window of lora_dataset days; a new "
     "version folder, or no adapter today (too few training rows) with the reason.",
@@ -440,25 +436,3 @@ def _serve(
         metadata["alias_move_s"] = round(report.seconds, 3)
         metadata["unloaded"] = MetadataValue.json(report.unloaded)
     return MaterializeResult(metadata=metadata)
-
-
-def with_training_window(
-    assets: Sequence[AssetsDefinition], replay_window_days: int
-) -> list[AssetsDefinition]:
-    """lora_adapter's dependency on lora_dataset as what it reads: the `replay_window_days` days up to its
-    own (days before the first partition do not exist, which is fine). Applied when the definitions load,
-    with the window from configs/training.yaml."""
-    window = TimeWindowPartitionMapping(
-        start_offset=-(replay_window_days - 1), end_offset=0, allow_nonexistent_upstream_partitions=True
-    )
-
-    def declare(spec: AssetSpec) -> AssetSpec:
-        if spec.key != lora_adapter.key:
-            return spec
-        deps = [
-            AssetDep(d.asset_key, partition_mapping=window) if d.asset_key == LORA_DATASET else d
-            for d in spec.deps
-        ]
-        return spec.replace_attributes(deps=deps)
-
-    return list(map_asset_specs(declare, assets))

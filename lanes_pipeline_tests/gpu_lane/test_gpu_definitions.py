@@ -1,40 +1,14 @@
-"""How the GPU-lane assets are declared when the definitions load: the replay window as a partition mapping
-(from configs/training.yaml), the freshness policy of served_adapter, the GPU-lane asset checks; and the
-rule of the figures check. Fast: nothing runs."""
+"""How the GPU-lane assets are declared when the definitions load: the freshness policy of served_adapter,
+the GPU-lane asset checks; and the rule of the figures check. Fast: nothing runs."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dagster import AssetKey
 
-from dagster import AssetKey, TimeWindowPartitionMapping
-
-from lanes_pipeline.definitions import build_definitions, daily_assets
+from lanes_pipeline.definitions import build_definitions
 from lanes_pipeline.gpu_lane.assets import SERVED_FRESHNESS
 from lanes_pipeline.gpu_lane.checks import missing_figures
 from lanes_pipeline.settings import Settings
-
-DATASET = AssetKey("lora_dataset")
-
-
-def _window(settings: Settings) -> TimeWindowPartitionMapping:
-    adapter = daily_assets(settings)["lora_adapter"]
-    mapping = adapter.get_partition_mapping(DATASET)
-    assert isinstance(mapping, TimeWindowPartitionMapping)
-    return mapping
-
-
-def test_lora_adapter_declares_the_configured_window_of_lora_dataset(settings: Settings) -> None:
-    days = settings.training.replay_window_days
-    mapping = _window(settings)
-    assert (mapping.start_offset, mapping.end_offset) == (-(days - 1), 0)
-    assert mapping.allow_nonexistent_upstream_partitions
-    three = replace(settings, training=settings.training.model_copy(update={"replay_window_days": 3}))
-    assert _window(three).start_offset == -2
-    # The other lane assets keep their same-day dependencies.
-    evaluation = daily_assets(settings)["adapter_evaluation"]
-    assert not isinstance(
-        evaluation.get_partition_mapping(AssetKey("lora_adapter")), TimeWindowPartitionMapping
-    )
 
 
 def test_served_adapter_has_a_freshness_policy_and_the_gpu_assets_have_checks(settings: Settings) -> None:
