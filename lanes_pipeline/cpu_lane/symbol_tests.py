@@ -138,6 +138,10 @@ class SymbolTestResult(Frozen):
     accepted_tests: list[str] = Field([], description="distinct accepted test modules, first seen first")
 
     @property
+    def test_file(self) -> str:
+        return symbol_test_file(self.path, self.name)
+
+    @property
     def tally(self) -> TargetTally:
         return TargetTally(target=self.symbol_id, sampled=len(self.answers),
                            accepted=sum(a.accepted for a in self.answers))  # fmt: skip
@@ -270,10 +274,14 @@ def answer_text(symbol: Symbol, style: TestStyle, text: str) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def symbol_test_path(symbol: Symbol) -> str:
-    """Where a generated test of `symbol` goes in the sandbox: fixed by the symbol, never by the model."""
-    stem = _snake(f"{symbol.path.removesuffix('.py')}_{symbol.name}")
+def symbol_test_file(path: str, name: str) -> str:
+    """Where a generated test of symbol `name` of `path` goes: fixed by the symbol, never by the model."""
+    stem = _snake(f"{path.removesuffix('.py')}_{name}")
     return f"test_lanes_symbol_{stem}.py"
+
+
+def symbol_test_path(symbol: Symbol) -> str:
+    return symbol_test_file(symbol.path, symbol.name)
 
 
 def _pytest_with(python: str | None) -> Callable[[Sandbox, Sequence[str], int], RunReport]:
