@@ -34,6 +34,10 @@ from lanes_pipeline.settings import SandboxLimits
 DAY_VERSION = 1  # bump when the selection or the job changes in a way that should forget remembered results
 
 
+# Verdicts reached without a sandbox: nothing to run, or rejected on its text alone.
+NO_SANDBOX = frozenset({"no_answer", "no_calls", "rejected_static"})
+
+
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -74,6 +78,7 @@ class SymbolTestDay:
         self.batches: list[BatchResult] = []
         self.asked = 0
         self.failed = 0  # requests that failed (transiently or not): for the lane's failure gate
+        self.verified = 0  # answers this run took into a sandbox (remembered results need none)
 
     def _register(self, repo: str) -> tuple[str, set[str], set[str]]:
         key = memo_key("tests_register", DAY_VERSION, repo)
@@ -155,6 +160,7 @@ class SymbolTestDay:
                 self.batches.append(batch)
                 self.asked += len(batch.results)
                 self.failed += batch.summary.failed
+            self.verified += sum(a.status not in NO_SANDBOX for r in found for a in r.answers)
             for result in found:
                 # A transient failure of some answers is not remembered: the next run asks that symbol again.
                 if not any(a.status == "no_answer" and "too_long" not in a.reason for a in result.answers):

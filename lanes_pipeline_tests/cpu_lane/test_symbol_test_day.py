@@ -73,9 +73,11 @@ def test_a_day_takes_changed_symbols_then_the_backlog_and_a_rerun_asks_nothing(t
     )
     assert lane.asked == ["oracle:textstats.py::words#s0", "oracle:textstats.py::word_count#s0"]
 
+    assert day.verified == 2 and day.asked == 2
     lane.asked.clear()
     again, coverage_again = day.run(snaps[0], repo, lane, lambda: isolation)
     assert lane.asked == [] and again == results and coverage_again == coverage  # remembered, asked nothing
+    assert day.verified == 2  # and judged nothing
 
     results, coverage = day.run(snaps[1], repo, lane, lambda: isolation)
     assert [r.name for r in results] == ["slugify", "average_word_length", "top_words"]
