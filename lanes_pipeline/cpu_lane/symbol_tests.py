@@ -101,9 +101,8 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-AnswerStatus = Literal[
-    "accepted",
-    "no_answer",  # the request failed (its reason says why: too long for the slot, server error, ...)
+# Why an answer gave no accepted test (also the verdict of a generated_tests row without one).
+SymbolRejection = Literal[
     "no_calls",  # oracle: no usable call of the target in the answer
     "no_usable_result",  # oracle: no call returned a value that reads back, or a builtin exception
     "probe_failed",  # oracle: the probe itself timed out or crashed
@@ -111,6 +110,8 @@ AnswerStatus = Literal[
     "fails_on_commit",  # does not pass every run at the commit (failure, import error, flaky, ...)
     "survives_mutant",  # passes, but also with a mutant in place: no teeth
 ]
+# "no_answer": the request failed (its reason says why: too long for the slot, server error, ...)
+AnswerStatus = Literal["accepted", "no_answer"] | SymbolRejection
 
 
 class AnswerVerdict(Frozen):
