@@ -52,6 +52,7 @@ class ChatRequest(BaseModel):
     seed: int | None = 0
     stop: list[str] | None = None
     response_format: dict[str, Any] | None = None
+    grammar: str | None = None  # GBNF (llama-server, ik_llama.cpp); never together with response_format
 
     def payload(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

@@ -3,12 +3,14 @@ item (ItemResult, with RequestMetrics or an ItemFailure). Pure: no I/O."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.client import Overflow
+from lanes_pipeline.cpu_lane.grammar import grammar_for
 from lanes_pipeline.http import ChatMessage, ChatRequest, ChatResponse, Timings, Usage
 
 
@@ -37,14 +39,24 @@ class BatchRequest(BaseModel):
     def chat_request(
         self, model: str, messages: list[ChatMessage] | None = None, max_tokens: int | None = None
     ) -> ChatRequest:
+        budget = max_tokens or self.max_tokens
+        # A task's own model gets a grammar bounded to fit the budget (grammar.py says why); a bare schema
+        # (`lanes cpu batch` lines), or a budget too small for any bounded answer, goes as response_format.
+        grammar = None
+        if self.json_schema is not None and self.output_model is not None:
+            with suppress(ValueError):
+                grammar = grammar_for(self.output_model, budget)
         return ChatRequest(
             model=model,
             messages=messages if messages is not None else self.messages,
-            max_tokens=max_tokens or self.max_tokens,
+            max_tokens=budget,
             temperature=self.temperature,
             seed=self.seed,
             stop=self.stop,
-            response_format=response_format_for(self.json_schema) if self.json_schema is not None else None,
+            response_format=response_format_for(self.json_schema)
+            if self.json_schema is not None and grammar is None
+            else None,
+            grammar=grammar,
         )
 
 

@@ -20,7 +20,7 @@ from lanes_pipeline.cpu_lane.safety import injection_markers, safe_repo_path, un
 from lanes_pipeline.settings import CpuAssetsConfig
 
 # Bump when a task's prompt or checks change in a way that should invalidate remembered results.
-TASKS_VERSION = 1
+TASKS_VERSION = 2  # 2: structured answers ask for a bounded GBNF grammar (cpu_lane/grammar.py)
 # A task's own answer budget (`lanes cpu batch` task lines) is the assets' default, declared in settings.py.
 _ASSETS = CpuAssetsConfig()
 
