@@ -101,9 +101,10 @@ VLLM_ENGINE = Engine(
 
 
 @contextmanager
-def _install_lock(data_dir: Path) -> Iterator[None]:
-    """Two processes (a test session and `make run`) must not install into the same venv at once."""
-    lock_path = engines_dir() / ".install.lock"
+def _install_lock(name: str) -> Iterator[None]:
+    """Two processes (a test session and `make run`) must not install the same engine at once; one lock per
+    engine, so a 20-minute ik build does not hold up the others."""
+    lock_path = engines_dir() / f".install-{name}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -119,7 +120,7 @@ def ensure_engine(engine: Engine, data_dir: Path, echo: bool = True) -> Path:
     stamp_file = venv_dir / ".lanes-installed"
     if stamp_file.exists() and stamp_file.read_text() == engine.stamp():
         return venv_dir
-    with _install_lock(data_dir):
+    with _install_lock(engine.name):
         if stamp_file.exists() and stamp_file.read_text() == engine.stamp():
             return venv_dir
         log_path = data_dir / "logs" / f"install-{engine.name}.log"
@@ -186,7 +187,7 @@ def embedded_hf_model(data_dir: Path) -> Path:
     gguf_path = embedded_gguf(data_dir)
     log_path = data_dir / "logs" / "convert-smollm2.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with _install_lock(data_dir), log_path.open("a") as log:
+    with _install_lock("convert-smollm2"), log_path.open("a") as log:
         if (target / "config.json").is_file():
             return target
         print(
@@ -365,7 +366,7 @@ def ensure_ik_server(data_dir: Path, build: IkBuild = IK_BUILD, echo: bool = Tru
 
     if done():
         return build.binary()
-    with _install_lock(data_dir):
+    with _install_lock(build.name):
         if done():
             return build.binary()
         log_path = data_dir / "logs" / f"install-{build.name}.log"
