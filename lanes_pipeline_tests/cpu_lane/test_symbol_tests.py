@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
-from lanes_pipeline.cpu_lane.answer_cache import cache_key
-from lanes_pipeline.cpu_lane.batch import BatchResult
+from lanes_pipeline.cpu_lane.answer_cache import ResponseCache, cache_key
+from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, ItemResult
+from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation
 from lanes_pipeline.cpu_lane.symbol_tests import (
@@ -30,7 +31,7 @@ from lanes_pipeline.cpu_lane.symbol_work import day_work, symbols_at
 from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.cpu_lane.verified_sampling import TargetTally, kind_yield, samples_of
 from lanes_pipeline.settings import SandboxLimits, Settings
-from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, run_batch
+from lanes_pipeline_tests.cpu_lane.fixtures import batch_config
 
 DAY3 = Path(sample_repo.__file__).parent / "day3"
 SOURCES = {p.relative_to(DAY3).as_posix(): p.read_text(encoding="utf-8") for p in sorted(DAY3.rglob("*.py"))}
@@ -182,7 +183,13 @@ def test_regression_oracles_from_the_real_server_kill_both_mutants_of_sample_fun
     config = batch_config(settings)
 
     def send(requests: Sequence[BatchRequest]) -> BatchResult:
-        return run_batch(cpu_server.url, tmp_path / "cache.sqlite3", config, list(requests))
+        # The lane's own request timeout: on busy cores one answer of 96 tokens can take minutes.
+        timeout_s = settings.lanes.cpu_lane.request_timeout_s
+        with (
+            CpuClient(cpu_server.url, timeout_s=timeout_s) as client,
+            ResponseCache(tmp_path / "cache.sqlite3") as cache,
+        ):
+            return BatchRunner(client, cache, config).run(list(requests))
 
     targets = code_symbols()
     # 96 tokens hold several one-line calls; longer answers of this model ramble (and the suite is slow).
