@@ -320,7 +320,8 @@ def _build_ik(build: IkBuild, log_path: Path) -> None:
         (tree / "common" / "build-info.cpp").write_text(
             build_info_source(template.read_text(), compiler, machine)
         )
-        shutil.rmtree(build_dir, ignore_errors=True)
+        # A build that was stopped (a test's timeout, Ctrl-C) left its objects: CMake goes on from there (the
+        # unpacked sources keep the archive's times, so nothing finished is compiled again).
         _run_logged(
             "configure", ["cmake", "-S", str(tree), "-B", str(build_dir), *build.cmake_args], log, log_path
         )
