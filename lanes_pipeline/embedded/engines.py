@@ -301,9 +301,13 @@ def _unpack_sdist(build: IkBuild, log: IO[str], log_path: Path) -> Path:
         raise EmbeddedStartError(
             f"pip downloaded no sdist of {build.requirement} into {sdist_dir}", log_path, ""
         )
-    shutil.rmtree(src_dir, ignore_errors=True)
-    with tarfile.open(archives[-1]) as archive:
-        archive.extractall(src_dir, filter="data")
+    marker = src_dir / ".lanes-unpacked"
+    # Unpacked already (a stopped build resumes): keep the tree, whose objects are in the build folder.
+    if not (marker.is_file() and marker.read_text() == archives[-1].name):
+        shutil.rmtree(src_dir, ignore_errors=True)
+        with tarfile.open(archives[-1]) as archive:
+            archive.extractall(src_dir, filter="data")
+        marker.write_text(archives[-1].name)
     trees = sorted(src_dir.glob(IK_SOURCE_GLOB))
     if not trees:
         raise EmbeddedStartError(f"{archives[-1]} has no {IK_SOURCE_GLOB}", log_path, "")
@@ -317,9 +321,10 @@ def _build_ik(build: IkBuild, log_path: Path) -> None:
         template = tree / "common" / "build-info.cpp.in"
         compiler = _first_line(["cc", "--version"])
         machine = _first_line(["cc", "-dumpmachine"])
-        (tree / "common" / "build-info.cpp").write_text(
-            build_info_source(template.read_text(), compiler, machine)
-        )
+        info = tree / "common" / "build-info.cpp"
+        text = build_info_source(template.read_text(), compiler, machine)
+        if not info.is_file() or info.read_text() != text:
+            info.write_text(text)
         # A build that was stopped (a test's timeout, Ctrl-C) left its objects: CMake goes on from there (the
         # unpacked sources keep the archive's times, so nothing finished is compiled again).
         _run_logged(
