@@ -1,0 +1,94 @@
+"""The embedded CPU lane's engine: ik_llama.cpp's llama-server (the default, built from a registry sdist) or
+upstream llama.cpp's; the server command each gets, the config that selects it, and a failed ik build."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from lanes_pipeline.embedded import engines
+from lanes_pipeline.embedded.servers import llama_server_command
+from lanes_pipeline.errors import EmbeddedStartError
+from lanes_pipeline.settings import ConfigError, CpuLane, EmbeddedCpuServer, load_settings
+from lanes_pipeline_tests.core.test_settings import _edit, _set
+from lanes_pipeline_tests.core.test_settings import config_dir as config_dir
+
+TEMPLATE = """int LLAMA_BUILD_NUMBER = @BUILD_NUMBER@;
+char const *LLAMA_COMMIT = "@BUILD_COMMIT@";
+char const *LLAMA_COMPILER = "@BUILD_COMPILER@";
+char const *LLAMA_BUILD_TARGET = "@BUILD_TARGET@";
+"""
+
+
+def test_build_info_fills_every_placeholder_of_the_template() -> None:
+    source = engines.build_info_source(TEMPLATE, 'cc (Debian "12") 12.2.0', "x86_64-linux-gnu")
+    assert "@" not in source
+    assert 'LLAMA_COMMIT = "ik-llama-cpp-python-0.1.5-sdist"' in source
+    assert "LLAMA_COMPILER = \"cc (Debian '12') 12.2.0\"" in source  # a quote would end the C string
+    assert "LLAMA_BUILD_NUMBER = 0;" in source and '"x86_64-linux-gnu"' in source
+
+
+@pytest.fixture
+def fake_engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Path]:
+    binaries = {"ik_llama": tmp_path / "ik" / "llama-server", "llama_cpp": tmp_path / "up" / "llama-server"}
+    monkeypatch.setattr(engines, "cpu_server_binary", lambda engine, data: binaries[engine])
+    monkeypatch.setattr(engines, "embedded_gguf", lambda data: tmp_path / "model.gguf")
+    return binaries
+
+
+def test_ik_gets_flash_attention_off_and_the_extra_args_after_the_lanes_own(
+    fake_engines: dict[str, Path], tmp_path: Path
+) -> None:
+    moe = ["-rtr", "-ot", "exps=CPU", "-amb", "512", "-mla", "3", "-no-fmoe"]
+    command = llama_server_command(CpuLane(embedded=EmbeddedCpuServer(extra_args=moe)), tmp_path, 9000)
+    assert command.argv[0] == str(fake_engines["ik_llama"])
+    assert command.argv[-len(moe) - 2 :] == ["-fa", "off", *moe]
+    assert command.env["LD_LIBRARY_PATH"].startswith(f"{fake_engines['ik_llama'].parent}:")
+    for chosen in (["-fa", "on"], ["--flash-attn", "auto"], ["-no-fa"]):
+        argv = llama_server_command(CpuLane(embedded=EmbeddedCpuServer(extra_args=chosen)), tmp_path, 1).argv
+        assert argv[-len(chosen) :] == chosen and "off" not in argv  # the user's choice stands alone
+    upstream = CpuLane(embedded=EmbeddedCpuServer(engine="llama_cpp", extra_args=["--no-webui"]))
+    argv = llama_server_command(upstream, tmp_path, 9000).argv
+    assert argv[0] == str(fake_engines["llama_cpp"]) and "-fa" not in argv and argv[-1] == "--no-webui"
+
+
+def test_the_api_key_reaches_ik_through_a_private_file_and_upstream_through_its_environment(
+    fake_engines: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LANES_TEST_ENGINE_KEY", "s3cret")
+    ik = llama_server_command(CpuLane(api_key_env="LANES_TEST_ENGINE_KEY"), tmp_path, 9001)
+    key_file = Path(ik.argv[ik.argv.index("--api-key-file") + 1])
+    assert key_file.read_text() == "s3cret\n" and "s3cret" not in " ".join(ik.argv)
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    lane = CpuLane(api_key_env="LANES_TEST_ENGINE_KEY", embedded=EmbeddedCpuServer(engine="llama_cpp"))
+    upstream = llama_server_command(lane, tmp_path, 9002)
+    assert upstream.env["LLAMA_API_KEY"] == "s3cret" and "--api-key-file" not in upstream.argv
+
+
+def test_the_engine_and_extra_args_are_checked_in_the_config(config_dir: Path) -> None:
+    assert load_settings(config_dir).lanes.cpu_lane.embedded.engine == "ik_llama"  # the shipped default
+    _edit(config_dir, "lanes.yaml", _set("cpu_lane", "embedded", "engine", value="llama.cpp"))
+    with pytest.raises(
+        ConfigError, match=r"cpu_lane\.embedded\.engine: 'llama\.cpp' is not one of ik_llama or llama_cpp"
+    ):
+        load_settings(config_dir)
+    _edit(config_dir, "lanes.yaml", _set("cpu_lane", "embedded", "engine", value="llama_cpp"))
+    _edit(config_dir, "lanes.yaml", _set("cpu_lane", "embedded", "extra_args", value=["--port", "1"]))
+    with pytest.raises(ConfigError, match=r"cpu_lane\.embedded\.extra_args: .*'--port' is set by the lane"):
+        load_settings(config_dir)
+
+
+@pytest.mark.cpu_lane
+def test_a_failed_ik_build_names_the_step_shows_the_log_tail_and_its_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("LANES_ENGINES_DIR", str(tmp_path / "engines"))
+    broken = engines.IkBuild(cmake_args=(*engines.IK_CMAKE_ARGS, "-DCMAKE_CXX_COMPILER=/nonexistent/c++"))
+    with pytest.raises(EmbeddedStartError) as caught:
+        engines.ensure_ik_server(tmp_path / "data", build=broken, echo=False)
+    message, log_path = str(caught.value), tmp_path / "data" / "logs" / "install-ik-llama.log"
+    assert "building ik_llama.cpp's llama-server failed at configure" in message
+    assert f"full log: {log_path}" in message and "/nonexistent/c++" in caught.value.tail
+    assert not (tmp_path / "engines" / "ik-llama" / ".lanes-installed").exists()  # no stamp: tried again

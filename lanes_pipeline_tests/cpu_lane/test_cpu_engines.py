@@ -1,0 +1,155 @@
+"""Both embedded CPU engines: ik_llama.cpp's llama-server (the default) and upstream llama.cpp's.
+
+A compatibility subset runs on each engine (the client's reading of the server, a batch re-run that sends
+nothing, file analyses that parse, one day of the CPU-lane assets on upstream: the whole suite runs them on
+ik); then what only ik does: long prompts in both slots at once (its flash-attention kernels aborted the
+server on any two concurrent requests, hence `-fa off`), MoE flags passed through, and a flag it rejects
+named in the start error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
+from lanes_pipeline.cpu_lane.tasks import ANALYSIS, FileAnalysis, file_prompt
+from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
+from lanes_pipeline.errors import EmbeddedStartError
+from lanes_pipeline.settings import EmbeddedCpuServer, Settings
+from lanes_pipeline_tests.conftest import settings_with_cpu_engine
+from lanes_pipeline_tests.cpu_lane.fixtures import (
+    batch_config,
+    private_cpu_server,
+    questions,
+    run_batch,
+    settings_with_cpu_lane,
+)
+from lanes_pipeline_tests.cpu_lane.test_cpu_assets import Pipeline
+
+pytestmark = [pytest.mark.cpu_lane, pytest.mark.timeout(1800)]
+
+SAMPLE_REPO = Path(__file__).parents[2] / "lanes_pipeline" / "cpu_lane" / "sample_repo"
+
+
+def _engine(server: EmbeddedServer) -> str:
+    return "ik_llama" if "ik-llama" in server.command.argv[0] else "llama_cpp"
+
+
+def test_the_client_reads_each_engines_slots_context_and_server(
+    cpu_server_each_engine: EmbeddedServer, settings: Settings
+) -> None:
+    embedded = settings.lanes.cpu_lane.embedded
+    with CpuClient(cpu_server_each_engine.url) as client:
+        info = client.server_info(settings.lanes.cpu_lane.model)
+        code, health = client.health()
+        counted = client.count_prompt_tokens(questions(1)[0].messages)
+    assert (info.total_slots, info.per_slot_ctx) == (
+        embedded.parallel,
+        embedded.ctx_size // embedded.parallel,
+    )
+    assert info.model_path and info.model_path.endswith(".gguf")
+    assert code == 200 and health.status == "ok" and counted > 10
+    if _engine(cpu_server_each_engine) == "ik_llama":
+        assert "ik_llama" in info.server and health.slots_idle is not None  # ik adds slot counts
+        assert cpu_server_each_engine.command.argv[-2:] == ["-fa", "off"]
+    else:
+        assert "ik_llama" not in info.server and "-fa" not in cpu_server_each_engine.command.argv
+
+
+def test_a_rerun_sends_nothing_on_each_engine(
+    cpu_server_each_engine: EmbeddedServer, settings: Settings, tmp_path: Path
+) -> None:
+    url, requests = cpu_server_each_engine.url, questions(6, offset=40)
+    with CpuClient(url) as client:
+        before = client.counters()
+        first = run_batch(url, tmp_path / "c.sqlite3", batch_config(settings), requests)
+        between = client.counters()
+        second = run_batch(url, tmp_path / "c.sqlite3", batch_config(settings), requests)
+        after = client.counters()
+    assert first.summary.answered == 6 and first.summary.failed == 0
+    assert between.tokens_since(before)[1] == first.summary.completion_tokens > 0
+    assert after.tokens_since(between) == (0, 0)  # the server's own counters: nothing evaluated
+    assert (second.summary.cache_hits, second.summary.requests_sent) == (6, 0)
+    assert [r.text for r in second.results] == [r.text for r in first.results]
+
+
+def _analysis_requests(count: int) -> list[Any]:
+    files = sorted({p.name: p for p in SAMPLE_REPO.glob("day*/*.py")}.items())[:count]
+    layout = PromptLayout(ANALYSIS)
+    return [layout.build(name, file_prompt(name, path.read_text())) for name, path in files]
+
+
+def test_file_analyses_parse_on_each_engine(
+    cpu_server_each_engine: EmbeddedServer, settings: Settings, tmp_path: Path
+) -> None:
+    """ik's answers to the analysis schema ran into max_tokens inside a string; the bounded grammar makes
+    every answer complete JSON that the model accepts, on both engines."""
+    requests = _analysis_requests(2)
+    result = run_batch(cpu_server_each_engine.url, tmp_path / "c.sqlite3", batch_config(settings), requests)
+    assert [r.status for r in result.results] == ["ok"] * len(requests), [r.failure for r in result.results]
+    for item in result.results:
+        FileAnalysis.model_validate(item.parsed)
+        assert item.metrics is not None and not item.metrics.truncated and not item.repaired
+
+
+def test_one_day_of_cpu_lane_assets_on_upstream(
+    cpu_server_upstream: EmbeddedServer, settings: Settings, tmp_path: Path
+) -> None:
+    pipeline = Pipeline(tmp_path, settings, cpu_server_upstream)
+    day1 = pipeline.run("2026-11-01")
+    again = pipeline.run("2026-11-01")
+    analysis = day1.metadata["repo_analysis"]
+    assert analysis["files"] == 2 and analysis["asked_this_run"] == 2
+    assert day1.checks["repo_analysis_parse_rate"] is True
+    assert again.requests() == 0 and again.server_tokens == day1.server_tokens
+    assert again.hash("lora_dataset") == day1.hash("lora_dataset")
+
+
+def test_long_prompts_in_both_ik_slots_at_once_do_not_crash_it(
+    cpu_server_ik: EmbeddedServer, settings: Settings, tmp_path: Path
+) -> None:
+    """Two prompts shrunk to the slot's whole context, sent together: ik's flash-attention kernels aborted
+    the server on any two concurrent requests (hence `-fa off`)."""
+    layout = PromptLayout(ASK)
+    words = " ".join(f"w{i}" for i in range(4000))
+    requests = [layout.build(f"long{i}", f"({i}) Which word comes last? {words}", 8) for i in range(2)]
+    config = batch_config(settings, overflow="shrink")
+    result = run_batch(cpu_server_ik.url, tmp_path / "c.sqlite3", config, requests)
+    assert cpu_server_ik.process is not None and cpu_server_ik.process.poll() is None  # still running
+    per_slot = settings.lanes.cpu_lane.embedded.ctx_size // settings.lanes.cpu_lane.embedded.parallel
+    assert result.summary.answered == 2, [r.failure for r in result.results]
+    for item in result.results:
+        assert item.shrunk and item.metrics is not None
+        assert item.metrics.prompt_tokens > per_slot - 64  # near the slot's context
+    after = run_batch(
+        cpu_server_ik.url, tmp_path / "d.sqlite3", batch_config(settings), questions(2, offset=60)
+    )
+    assert after.summary.answered == 2
+
+
+def test_moe_flags_pass_through_to_ik_and_a_rejected_flag_is_named(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The README's MoE example starts (on a dense model the flags change nothing); a flag ik does not know
+    stops it at start with its own message, which leads the error's tail (ik prints its usage after it)."""
+    ik = settings_with_cpu_engine(settings, "ik_llama")
+    moe = ["-rtr", "-ot", "exps=CPU", "-amb", "512", "-mla", "3"]
+    lane = settings_with_cpu_lane(ik, embedded=EmbeddedCpuServer(extra_args=moe))
+    with private_cpu_server(lane) as server:
+        assert server.command.argv[-len(moe) - 2 :] == ["-fa", "off", *moe]
+        assert run_batch(
+            server.url, tmp_path / "c.sqlite3", batch_config(settings), questions(1, offset=70)
+        ).summary.answered
+    chosen = build_server(
+        settings_with_cpu_lane(ik, embedded=EmbeddedCpuServer(extra_args=["-fa", "on"])), "cpu", 0, False
+    )
+    assert chosen.command.argv.count("-fa") == 1  # the user's choice, not ours
+    rejected = settings_with_cpu_lane(ik, embedded=EmbeddedCpuServer(extra_args=["--no-such-flag"]))
+    with pytest.raises(EmbeddedStartError) as caught, private_cpu_server(rejected):
+        pass
+    message = str(caught.value)
+    assert "exited with code" in message and "error: unknown argument: --no-such-flag" in message
