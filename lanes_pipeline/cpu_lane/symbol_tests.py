@@ -264,8 +264,9 @@ def symbol_requests(
 
 
 def answer_text(symbol: Symbol, style: TestStyle, text: str) -> str:
-    """The whole answer: llama-server returns the prefill with the continuation, other servers only the
-    continuation; either way the result starts with the prefill."""
+    """The whole answer. Both servers continue a final assistant message (its template leaves the turn
+    open); mainline llama-server returns the prefill with the continuation, ik_llama.cpp only the
+    continuation (seen on both); either way the result starts with the prefill."""
     start = prefill(symbol, style)
     return text if text.startswith(start) else start + text
 
