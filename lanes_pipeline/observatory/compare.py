@@ -19,6 +19,7 @@ class CompareRow(BaseModel):
 
     name: str
     lane: str
+    engine: str
     model: str
     quant: str
     threads: int | None
@@ -39,6 +40,7 @@ def compare_row(record: TrialRecord) -> CompareRow:
     return CompareRow(
         name=record.name,
         lane=record.lane,
+        engine=record.engine,
         model=record.model,
         quant=record.quant,
         threads=record.threads,
@@ -72,7 +74,8 @@ def cells(row: CompareRow) -> list[str]:
     ]  # fmt: skip
     if row.error:
         figures = [f"FAILED: {row.error[:60]}"] + [""] * (len(figures) - 1)
-    return [row.name, row.model, row.quant, row.lane, f"{threads}/{row.slots}", *figures]
+    lane = f"{row.lane} ({row.engine})" if row.engine else row.lane
+    return [row.name, row.model, row.quant, lane, f"{threads}/{row.slots}", *figures]
 
 
 def markdown_table(rows: list[CompareRow]) -> str:

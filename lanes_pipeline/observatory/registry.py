@@ -15,6 +15,7 @@ from lanes_pipeline.observatory.measure import LaneFigures
 class TrialRecord(BaseModel):
     name: str
     lane: str
+    engine: str = ""  # ik_llama, llama_cpp, vllm, own command (empty in rows recorded before it existed)
     model: str
     quant: str
     threads: int | None

@@ -14,7 +14,14 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from lanes_pipeline.settings import ConfigError, ConfigIssue, StrictModel, _file_issues, _read_yaml
+from lanes_pipeline.settings import (
+    ConfigError,
+    ConfigIssue,
+    CpuEngineName,
+    StrictModel,
+    _file_issues,
+    _read_yaml,
+)
 
 TRIALS_FILE = "trials.yaml"
 # What llama-quantize can make from the F16 conversion; F16 is the conversion itself.
@@ -25,6 +32,7 @@ _MADE = re.compile(r"^made:(?P<quant>[A-Z0-9_]+)$")
 class CpuServerFlags(StrictModel):
     """llama-server / ik_llama.cpp flags the table reports; anything else goes in `extra_args`."""
 
+    engine: CpuEngineName | None = Field(None, description="ik_llama or llama_cpp; default: the CPU lane's")
     threads: int | None = Field(None, ge=1, le=512, description="-t")
     slots: int = Field(2, ge=1, le=64, description="-np: parallel slots")
     ctx_size: int = Field(4096, ge=256, description="-c: context shared by all slots")

@@ -50,13 +50,26 @@ def active_params_b(settings: Settings, model: str) -> float:
     return entry.active_params_b or entry.params_b
 
 
+def engine_label(spec: TrialSpec, settings: Settings) -> str:
+    if spec.command is not None:
+        return "own command"
+    if spec.lane == "gpu":
+        return "vllm"
+    return spec.cpu.engine or settings.lanes.cpu_lane.embedded.engine
+
+
 def quant_label(spec: TrialSpec, settings: Settings) -> str:
+    """The table's quant column; a GPU trial served through an adapter says so (its cost is the point)."""
     if spec.quant:
-        return spec.quant
-    if spec.made_quant:
-        return spec.made_quant
-    entry = next((m for m in settings.models.models if m.name == spec.model), None)
-    return entry.quantization if entry else "?"
+        label = spec.quant
+    elif spec.made_quant:
+        label = spec.made_quant
+    else:
+        entry = next((m for m in settings.models.models if m.name == spec.model), None)
+        label = entry.quantization if entry else "?"
+    if spec.lane == "gpu" and spec.gpu.adapter == "random":
+        label += f" + LoRA r{spec.gpu.adapter_rank}"
+    return label
 
 
 def trial_folder(data_dir: Path, name: str) -> Path:
@@ -92,13 +105,15 @@ def server_command(spec: TrialSpec, settings: Settings, port: int) -> tuple[Serv
         return ServerCommand(spec.lane, argv, {}, port, "/v1/models"), _served_name(spec, settings)
     if spec.lane == "cpu":
         lane = settings.lanes.cpu_lane
-        embedded = lane.embedded.model_copy(
-            update={"parallel": spec.cpu.slots, "ctx_size": spec.cpu.ctx_size, "threads": spec.cpu.threads}
-        )
+        flags = {"parallel": spec.cpu.slots, "ctx_size": spec.cpu.ctx_size, "threads": spec.cpu.threads}
+        # The trial's extra_args replace the lane's (a trial is one exact launch), as the lane's own, so the
+        # engine's defaults yield to them (ik gets -fa off unless the trial sets flash attention itself).
+        flags |= {"extra_args": spec.extra_args, **({"engine": spec.cpu.engine} if spec.cpu.engine else {})}
+        embedded = lane.embedded.model_copy(update=flags)
         command = llama_server_command(
             lane.model_copy(update={"embedded": embedded}), settings.data_dir, port
         )
-        command.argv = _replace(command.argv, "-m", str(path)) + spec.extra_args
+        command.argv = _replace(command.argv, "-m", str(path))
         return command, lane.model_alias
     gpu = settings.lanes.gpu_lane
     embedded = gpu.embedded.model_copy(
@@ -159,6 +174,7 @@ def run_trial(
     base = {
         "name": spec.name,
         "lane": spec.lane,
+        "engine": engine_label(spec, settings),
         "model": spec.model,
         "quant": quant_label(spec, settings),
         "threads": spec.cpu.threads if spec.lane == "cpu" else None,

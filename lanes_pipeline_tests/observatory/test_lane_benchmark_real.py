@@ -16,7 +16,13 @@ from lanes_pipeline.settings import Settings
 
 @pytest.mark.cpu_lane
 def test_a_cpu_trial_measures_the_lane_and_leaves_no_server(settings: Settings) -> None:
-    spec = TrialSpec(name="test-q4_1-s2", lane="cpu", model="smollm2-135m-instruct-q4_1", cpu={"slots": 2})
+    # Upstream llama-server, built once by pip: this test is about the benchmark, not about building ik.
+    spec = TrialSpec(
+        name="test-q4_1-s2",
+        lane="cpu",
+        model="smollm2-135m-instruct-q4_1",
+        cpu={"engine": "llama_cpp", "slots": 2},
+    )
     record = run_trial(spec, settings, SMALL, other="none")
     assert record.ok, f"{record.error}\n{record.log_tail}"
     argv = shlex.split(record.command)

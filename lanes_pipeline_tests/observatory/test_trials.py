@@ -40,7 +40,8 @@ def record(name: str, ok: bool = True, **changes: object) -> TrialRecord:
         pf=400.0, requests=9,
     )  # fmt: skip
     values: dict[str, object] = {
-        "name": name, "lane": "cpu", "model": "smollm2-135m-instruct-q4_1", "quant": "GGUF Q4_1",
+        "name": name, "lane": "cpu", "engine": "llama_cpp", "model": "smollm2-135m-instruct-q4_1",
+        "quant": "GGUF Q4_1",
         "threads": 2, "slots": 2, "started": "2026-11-30T10:00:00+00:00", "command": "llama-server -m x",
         "ok": ok, "wall_s": 12.0, "figures": figures if ok else None, "interference": 0.8 if ok else None,
         "error": None if ok else "the embedded CPU lane server exited with code 1 while starting",
@@ -116,8 +117,8 @@ def test_compare_table_and_chart(tmp_path: Path) -> None:
         "| trial | model | quant | lane | threads/slots | TTFT s | PP tok/s | TG tok/s"
     )
     assert table[2] == (
-        "| a | smollm2-135m-instruct-q4_1 | GGUF Q4_1 | cpu | 2/2 | 0.25 | 310.0 | 54.0 | 80.0 | 0.80 | 60% "
-        "| 400.0 | 0.80 |"
+        "| a | smollm2-135m-instruct-q4_1 | GGUF Q4_1 | cpu (llama_cpp) | 2/2 | 0.25 | 310.0 | 54.0 | 80.0 "
+        "| 0.80 | 60% | 400.0 | 0.80 |"
     )
     assert "FAILED: the embedded CPU lane server exited" in table[3]
     chart = write_chart(rows, tmp_path / "out" / "trials.png")
@@ -146,8 +147,9 @@ def test_model_files_are_checked_by_path(tmp_path: Path) -> None:
 def fake_engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     gguf = tmp_path / "shipped.gguf"
     gguf.write_bytes(b"GGUF" + bytes(16))
-    monkeypatch.setattr(
-        "lanes_pipeline.embedded.engines.llama_server_binary", lambda data: tmp_path / "llama-server"
+    monkeypatch.setattr(  # no engine is installed or built for a command line
+        "lanes_pipeline.embedded.engines.cpu_server_binary",
+        lambda engine, data: tmp_path / engine / "llama-server",
     )
     monkeypatch.setattr("lanes_pipeline.embedded.engines.embedded_gguf", lambda data: gguf)
     return gguf
@@ -172,6 +174,11 @@ def test_cpu_trial_command_carries_its_flags_and_extra_args(
     )
     assert argv[-3:] == ["-no-fmoe", "-ot", "exps=CPU"] and "--metrics" in argv
     assert served == settings.lanes.cpu_lane.model_alias
+    mainline = spec.model_copy(update={"cpu": spec.cpu.model_copy(update={"engine": "llama_cpp"})})
+    assert trials_module.server_command(mainline, settings, 5555)[0].argv[0] == str(
+        tmp_path / "llama_cpp" / "llama-server"
+    )
+    assert trials_module.engine_label(mainline, settings) == "llama_cpp"
 
 
 @pytest.fixture
@@ -206,3 +213,14 @@ def test_a_server_that_fails_to_start_is_recorded_with_its_log_tail(
     assert result.error == "the embedded CPU lane server exited with code 3 while starting"
     assert "error: unknown argument: --bogus" in (result.log_tail or "")
     assert result.command.startswith("sh -c ") and str(gguf) in result.command
+
+
+def test_quant_labels(settings: Settings) -> None:
+    def spec(**values: object) -> TrialSpec:
+        return TrialSpec(**{"name": "t", "lane": "cpu", "model": "smollm2-135m-instruct-q4_1", **values})
+
+    assert trials_module.quant_label(spec(), settings) == "GGUF Q4_1"  # from models.yaml
+    assert trials_module.quant_label(spec(file="made:Q8_0"), settings) == "Q8_0"
+    assert trials_module.quant_label(spec(quant="IQ4_XS"), settings) == "IQ4_XS"
+    lora = spec(lane="gpu", model="smollm2-135m-instruct-hf", gpu={"adapter": "random", "adapter_rank": 8})
+    assert trials_module.quant_label(lora, settings) == "BF16 + LoRA r8"
