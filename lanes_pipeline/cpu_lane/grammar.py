@@ -32,6 +32,9 @@ CHAR_CLASS = r"[\x20-\x21\x23-\x5B\x5D-\x7E]"
 DEFAULT_MAX_CHARS = 200
 DEFAULT_MAX_ITEMS = 8
 INT_DIGITS = 9
+# llama.cpp's grammar parser (ik's too) refuses a repetition bound above 2000, and a grammar it cannot parse
+# is dropped without an error: the answer comes back unconstrained.
+MAX_REPETITION = 2000
 # Tokens the answer must leave free: the end-of-sequence token, and one so that a complete answer never
 # reaches max_tokens (which the client reads as truncated).
 RESERVED_TOKENS = 2
@@ -98,7 +101,8 @@ def shape_of(annotation: Any, info: FieldInfo | None, where: str) -> Shape:
         return ChoiceShape(tuple(values))
     low, high = _bounds(info)
     if annotation is str:
-        return StrShape(low or 0, high if high is not None else DEFAULT_MAX_CHARS)
+        chars = high if high is not None else DEFAULT_MAX_CHARS
+        return StrShape(min(low or 0, MAX_REPETITION), min(chars, MAX_REPETITION))
     if annotation is bool:
         return ScalarShape("bool")
     if annotation is int:
@@ -106,7 +110,8 @@ def shape_of(annotation: Any, info: FieldInfo | None, where: str) -> Shape:
     if origin is list:
         (item_type,) = typing.get_args(annotation) or (str,)
         item = shape_of(item_type, None, f"{where}[]")
-        return ListShape(item, low or 0, high if high is not None else DEFAULT_MAX_ITEMS)
+        items = high if high is not None else DEFAULT_MAX_ITEMS
+        return ListShape(item, min(low or 0, MAX_REPETITION), min(items, MAX_REPETITION))
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return object_shape(annotation)
     raise TypeError(

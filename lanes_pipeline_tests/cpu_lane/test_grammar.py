@@ -167,3 +167,15 @@ def test_a_task_request_sends_the_grammar_a_bare_schema_its_response_format() ->
     assert "grammar" not in bare
     tiny = task_request.model_copy(update={"max_tokens": 4}).chat_request("m").payload()
     assert "grammar" not in tiny and "response_format" in tiny  # no bounded answer fits: the schema
+
+
+class Huge(BaseModel):
+    text: str = Field(max_length=50_000)
+    items: list[int] = Field(max_length=10_000)
+
+
+def test_no_repetition_bound_exceeds_what_the_servers_parse() -> None:
+    """Above 2000 the servers' grammar parser refuses the bound and drops the grammar without an error."""
+    grammar = grammar_for(Huge, 1_000_000)
+    bounds = [int(high) for high in re.findall(r"\{\d+,(\d+)\}", grammar)]
+    assert bounds and max(bounds) <= 2000
