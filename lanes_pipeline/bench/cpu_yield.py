@@ -9,9 +9,10 @@ assets (repo_snapshot -> repo_analysis -> generated_tests -> refactor_proposals 
 targets_with_accepted, pass_at_1, pass_at_n):
 
 - `analysis`: repo_analysis's files (one answer each, not sampled);
-- `tests`: regression oracles (symbol_tests) over the sample's symbols, each day's changed symbols then the
-  backlog (`backlog_per_day`), `samples_per_item` answers per symbol, each accepted only if it passes the
-  sandbox runs and kills both mutants of its symbol;
+- `tests`: generated_tests, which works symbol by symbol (symbol_test_day): each day's changed symbols, then
+  the backlog (`backlog_per_day`), `samples_per_item` answers per symbol, each a set of regression oracles
+  accepted only if it passes the sandbox runs and kills both mutants of its symbol; one target per symbol
+  and day;
 - `refactor`: refactor_proposals's files (one diff each, not sampled);
 - `docs`: not implemented yet: zero counts and a note;
 
@@ -33,14 +34,10 @@ from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
 from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import tests as testgen
-from lanes_pipeline.cpu_lane.assets.common import load_snapshots, read_results, repo_location
-from lanes_pipeline.cpu_lane.memo import Memo
+from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, RefactorRow
+from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, GeneratedTestRow, RefactorRow
 from lanes_pipeline.cpu_lane.sample_repo import HISTORY
-from lanes_pipeline.cpu_lane.sandbox import detect_isolation
-from lanes_pipeline.cpu_lane.symbol_test_day import SymbolTestDay, SymbolTestsConfig
-from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult
 from lanes_pipeline.cpu_lane.verified_sampling import KindYield, TargetTally, kind_yield
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
@@ -79,8 +76,8 @@ def sample_days() -> list[str]:
 
 def _materialize(
     settings: Settings, url: str, root: Path, days: Sequence[str]
-) -> tuple[ArtifactStore, dict[str, dict[str, Any]]]:
-    """The CPU-lane assets for each day in order; the store, and lora_dataset's metadata per day."""
+) -> tuple[ArtifactStore, dict[str, dict[str, dict[str, Any]]]]:
+    """The CPU-lane assets for each day in order; the store, and each asset's metadata per day."""
     store = ArtifactStore(root / "artifacts")
     cpu = CpuLaneResource.from_lanes(settings.lanes, base_url=url)
     resources = {
@@ -93,16 +90,17 @@ def _materialize(
         daily_partitions(settings),  # type: ignore[arg-type]
     )
     instance = DagsterInstance.ephemeral()
-    dataset: dict[str, dict[str, Any]] = {}
+    metadata: dict[str, dict[str, dict[str, Any]]] = {}
     for day in days:
         result = materialize(assets, resources=resources, partition_key=day, instance=instance)
         if not result.success:
             raise RuntimeError(f"cpu_yield: the CPU-lane assets failed on {day}")
-        for event in result.get_asset_materialization_events():
-            if event.asset_key.to_user_string() == "lora_dataset":
-                dataset[day] = {k: v.value for k, v in event.materialization.metadata.items()}
+        metadata[day] = {
+            event.asset_key.to_user_string(): {k: v.value for k, v in event.materialization.metadata.items()}
+            for event in result.get_asset_materialization_events()
+        }
         print(f"[bench] cpu_yield: {day} materialized", flush=True)
-    return store, dataset
+    return store, metadata
 
 
 def _file_kind(rows: list[tuple[str, bool]], note: str) -> KindYield:
@@ -128,41 +126,32 @@ def refactor_yield(store: ArtifactStore, days: Sequence[str]) -> KindYield:
     return _file_kind(rows, NOT_SAMPLED)
 
 
-def dataset_rows(metadata: dict[str, dict[str, Any]], days: Sequence[str]) -> dict[str, int]:
+def dataset_rows(metadata: dict[str, dict[str, dict[str, Any]]], days: Sequence[str]) -> dict[str, int]:
     """Train and eval rows of each day's lora_dataset (its own rows, not the replay window), summed."""
-    missing = [d for d in days if d not in metadata]
+    missing = [d for d in days if "lora_dataset" not in metadata.get(d, {})]
     if missing:
         raise RuntimeError(f"cpu_yield: lora_dataset was not materialized on {', '.join(missing)}")
-    figures = [DatasetFigures.read(metadata[d]) for d in days]
+    figures = [DatasetFigures.read(metadata[d]["lora_dataset"]) for d in days]
     return {"train": sum(f.train_rows for f in figures), "eval": sum(f.eval_rows for f in figures)}
 
 
-def oracle_tests(
-    settings: Settings, url: str, store: ArtifactStore, days: Sequence[str]
-) -> tuple[list[SymbolTestResult], list[dict[str, Any]]]:
-    """The oracle pipeline (symbol_test_day, as generated_tests runs it) over each day's work on every
-    configured repository (the sample): its results, and each day's coverage."""
-    config = settings.pipeline.cpu_assets
-    cpu = CpuLaneResource.from_lanes(settings.lanes, base_url=url)
-    entries = {e.name: e for e in settings.repos.repos}
-    job = SymbolTestsConfig(model=cpu.config.model, samples=config.samples_per_item,
-                            backlog_per_day=config.backlog_per_day, limits=config.sandbox)  # fmt: skip
-    work = SymbolTestDay(Memo(store, "symbol_tests"), Memo(store, "tests_register"), job, settings.data_dir)
-    isolation = detect_isolation()
-    results: list[SymbolTestResult] = []
-    per_day: list[dict[str, Any]] = []
-    for day in days:
-        for snap in load_snapshots(store, day):
-            repo = repo_location(settings, entries[snap.repo])
-            found, coverage = work.run(
-                snap, repo, lambda requests, day=day: cpu.run_batch(requests, label=f"cpu_yield {day}"),
-                lambda: isolation,
-            )  # fmt: skip
-            results += found
-            if coverage is not None:
-                per_day.append({"day": day, **coverage.model_dump(), "share": coverage.share()})
-            print(f"[bench] cpu_yield: {day} tests on {len(found)} symbols", flush=True)
-    return results, per_day
+def tests_yield(store: ArtifactStore, days: Sequence[str]) -> tuple[KindYield, list[GeneratedTestRow]]:
+    """generated_tests' symbols (regression oracles, sampled): one target per symbol row and day."""
+    rows = [row for day in days for row in read_results(store, "generated_tests", day, GeneratedTestRow)]
+    tallies = [
+        TargetTally(target=f"{r.repo}:{r.path}::{r.symbol}", sampled=r.sampled or 0,
+                    accepted=r.accepted_answers or 0)
+        for r in rows
+    ]  # fmt: skip
+    return kind_yield(tallies), rows
+
+
+def coverage_by_day(
+    metadata: dict[str, dict[str, dict[str, Any]]], days: Sequence[str]
+) -> list[dict[str, Any]]:
+    """generated_tests' coverage figures after each day."""
+    keys = ("symbols", "symbols_with_accepted_test", "test_coverage", "candidates", "accepted")
+    return [{"day": d, **{k: metadata[d]["generated_tests"].get(k) for k in keys}} for d in days]
 
 
 def run(settings: Settings) -> dict[str, Any]:
@@ -172,25 +161,25 @@ def run(settings: Settings) -> dict[str, Any]:
         try:
             server.start()
             days = sample_days()
-            store, dataset = _materialize(fresh, server.url, root, days)
-            tests, per_day = oracle_tests(fresh, server.url, store, days)
+            store, metadata = _materialize(fresh, server.url, root, days)
+            tests, rows = tests_yield(store, days)
             kinds = {
                 "analysis": analysis_yield(store, days),
-                "tests": kind_yield([r.tally for r in tests]),
+                "tests": tests,
                 "refactor": refactor_yield(store, days),
                 "docs": KindYield(note="documentation generation is not implemented yet (issue 11, item 8)"),
             }
-            rows = dataset_rows(dataset, days)
+            dataset = dataset_rows(metadata, days)
         finally:
             server.stop()
-    return report(kinds, rows, per_day, tests, days)
+    return report(kinds, dataset, coverage_by_day(metadata, days), rows, days)
 
 
 def report(
     kinds: dict[str, KindYield],
     rows: dict[str, int],
     per_day: list[dict[str, Any]],
-    tests: Sequence[SymbolTestResult],
+    tests: Sequence[GeneratedTestRow],
     days: Sequence[str],
 ) -> dict[str, Any]:
     total = rows["train"] + rows["eval"]
@@ -209,7 +198,7 @@ def report(
         "days": list(days),
         "tests_per_day": per_day,
         "tests_accepted": [
-            {"symbol": r.symbol_id, "tests": r.accepted_tests} for r in tests if r.accepted_tests
+            {"symbol": f"{r.path}::{r.symbol}", "test": r.code} for r in tests if r.accepted and r.code
         ],
         "targets": targets,
     }

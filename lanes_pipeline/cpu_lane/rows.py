@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from lanes_pipeline.cpu_lane.sandbox import Outcome, Verdict
+from lanes_pipeline.cpu_lane.symbol_tests import SymbolRejection
 from lanes_pipeline.cpu_lane.tasks import DiffRejection, FileAnalysis
 from lanes_pipeline.cpu_lane.verification import DiffVerdict
 
@@ -86,7 +87,8 @@ class AnalysisRow(Row):
 
 # --- generated_tests --------------------------------------------------------------------------------------
 
-TestRowVerdict = Verdict | Literal["no_answer"]
+# A symbol's row (generated_tests works symbol by symbol) says why none of its answers was accepted.
+TestRowVerdict = Verdict | Literal["no_answer"] | SymbolRejection
 
 
 class TestVerdictRecord(Row):
@@ -98,7 +100,8 @@ class TestVerdictRecord(Row):
 
 
 class GeneratedTestRow(Row):
-    """One row of `generated_tests/<day>/results.json`: `code` is None when the lane gave no module."""
+    """One row of `generated_tests/<day>/results.json`: `code` is None when the lane gave no module. A row
+    of a symbol (`symbol` set) holds its best accepted test, and how many of its sampled answers passed."""
 
     repo: str
     path: str
@@ -108,6 +111,9 @@ class GeneratedTestRow(Row):
     verdict: TestRowVerdict
     reason: str
     runs: list[Outcome] | None = Field(None, exclude_if=_unset)
+    symbol: str | None = Field(None, exclude_if=_unset)
+    sampled: int | None = Field(None, exclude_if=_unset)
+    accepted_answers: int | None = Field(None, exclude_if=_unset)
 
     @property
     def accepted(self) -> bool:

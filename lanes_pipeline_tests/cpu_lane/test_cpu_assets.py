@@ -107,6 +107,13 @@ TEST_VERDICTS = {
     "trivial",
     "unsafe",
     "no_answer",
+    # A symbol without an accepted test (generated_tests works by symbol): why its answers gave none.
+    "no_calls",
+    "no_usable_result",
+    "probe_failed",
+    "rejected_static",
+    "fails_on_commit",
+    "survives_mutant",
 }
 DIFF_VERDICTS = {
     "accepted",
@@ -179,7 +186,9 @@ class Pipeline:
         pipeline = yaml.safe_load((config_dir / "pipeline.yaml").read_text())
         pipeline["cpu_assets"].update(
             analysis_max_tokens=160,
-            max_files_per_day=1,  # tests and refactors for one changed file a day: fewer requests
+            max_files_per_day=1,  # refactors for one changed file a day: fewer requests
+            backlog_per_day=1,  # tests: the day's changed symbols, then one never-covered symbol
+            samples_per_item=2,
             tests_max_tokens=160,
             refactor_max_tokens=128,
             sandbox={"timeout_s": 30, "memory_mb": 1024, "runs": 3},
@@ -281,7 +290,8 @@ def test_day2_asks_only_for_the_changed_file(runs: dict[str, Any]) -> None:
     assert day2["repo_analysis"]["files"] == 2
     assert day2["repo_analysis"]["asked_this_run"] == 1  # shapes.py; units.py reuses day 1's answer
     assert day2["repo_analysis"]["memo_hits"] == 1
-    assert day2["generated_tests"]["candidates"] == 1
+    # The new rectangle_perimeter, then one symbol of the backlog (inches_to_cm, never covered yet).
+    assert day2["generated_tests"]["candidates"] == 2
 
 
 def test_a_day_without_change_costs_no_request(runs: dict[str, Any]) -> None:

@@ -1,43 +1,43 @@
-"""`generated_tests`: pytest modules the CPU lane writes for the day's changed files, each judged in the
-sandbox (throwaway worktree at the snapshot commit, time and memory limits, no network, read-only host).
-Accepted only if it passes every run against the real code and is not trivial; every rejection keeps its
-reason. Model answers and verdicts are remembered, so a re-run asks nothing and runs nothing."""
+"""`generated_tests`: pytest tests with teeth, symbol by symbol (symbol_test_day): each day's new and changed
+symbols first, then up to `backlog_per_day` never-covered ones; `samples_per_item` answers per symbol, each
+the model's example calls of the symbol run in the sandbox at the snapshot commit and written down as
+regression oracles (observed values as the expected ones). A test is accepted only if it passes every
+sandbox run AND fails on both mutants of its symbol; every rejection keeps its reason. Answers, the day's
+selection and the results are remembered, so a re-run asks nothing and runs nothing. Coverage of each
+repository (symbols, covered so far, with an accepted test) goes into the metadata."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from collections import Counter
 from typing import Any
 
-from dagster import AssetExecutionContext, MaterializeResult, asset
+from dagster import AssetExecutionContext, Failure, MaterializeResult, asset
 
 from lanes_pipeline.cpu_lane.assets.analysis import repo_analysis
 from lanes_pipeline.cpu_lane.assets.common import (
-    LaneQuestions,
+    LaneUsage,
+    is_transient,
     load_snapshots,
     md_table,
     ratio,
-    read_results,
-    remembered_answer,
     repo_location,
     write_partition,
 )
-from lanes_pipeline.cpu_lane.judging import GeneratedTestJudge
-from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, is_test_path, module_name
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.rows import (
-    AnalysisRow,
-    GeneratedTestRow,
-    GeneratedTestsFigures,
-    RememberedAnswer,
-)
-from lanes_pipeline.cpu_lane.tasks import TASKS_VERSION, WRITE_TESTS, file_prompt
+from lanes_pipeline.cpu_lane.memo import Memo
+from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, is_test_path
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource, failures_table, over_failure_ratio
+from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, GeneratedTestsFigures
+from lanes_pipeline.cpu_lane.sandbox import Isolation, detect_isolation
+from lanes_pipeline.cpu_lane.symbol_test_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
+from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult
+from lanes_pipeline.cpu_lane.verified_sampling import kind_yield
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
 
 
 def target_files(snapshot: Snapshot, limit: int) -> list[FileEntry]:
-    """The day's changed source files (not tests themselves), in path order, at most `limit`."""
+    """The day's changed source files (not tests themselves), in path order, at most `limit`: the unit of
+    refactor_proposals (generated tests work by symbol)."""
     changed = set(snapshot.changed)
     files = [
         f for f in snapshot.files if f.path in changed and f.language == "python" and not is_test_path(f.path)
@@ -45,27 +45,34 @@ def target_files(snapshot: Snapshot, limit: int) -> list[FileEntry]:
     return files[:limit]
 
 
-def test_notes(analysis: AnalysisRow | None, path: str) -> str:
-    for item in analysis.files if analysis else []:
-        if item.path == path and item.status == "ok" and item.analysis is not None:
-            return "; ".join(item.analysis.test_ideas)
-    return ""
+# Which rejection stands for a symbol without an accepted test: the one that got furthest.
+_FURTHEST = ("survives_mutant", "fails_on_commit", "no_usable_result", "probe_failed", "rejected_static",
+             "no_calls", "no_answer")  # fmt: skip
 
 
-def figures(items: list[GeneratedTestRow], judge: GeneratedTestJudge, verdicts: Memo) -> dict[str, Any]:
-    """The asset's figures, and a count per rejection verdict (`rejected_<verdict>`)."""
-    counts = Counter(item.verdict for item in items)
-    accepted = counts.get("passed", 0)
-    return {
-        **GeneratedTestsFigures(
-            candidates=len(items),
-            accepted=accepted,
-            acceptance_rate=ratio(accepted, len(items)),
-            sandbox_runs=judge.sandbox_runs,
-            verdict_memo_hits=verdicts.hits,
-        ).metadata(),
-        **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "passed"},
-    }
+def symbol_row(repo: str, result: SymbolTestResult) -> GeneratedTestRow:
+    """One row per symbol: its longest accepted test, or the rejection that got furthest, with its reason."""
+    base = {"repo": repo, "path": result.path, "module": result.module, "symbol": result.name,
+            "test_file": result.test_file, "sampled": len(result.answers),
+            "accepted_answers": sum(a.accepted for a in result.answers)}  # fmt: skip
+    if result.accepted_tests:
+        code = max(result.accepted_tests, key=len)
+        reason = next(a.reason for a in result.answers if a.accepted and a.test_code == code)
+        return GeneratedTestRow(**base, code=code, verdict="passed", reason=reason)
+    statuses = {a.status: a for a in result.answers}
+    worst = next((statuses[s] for s in _FURTHEST if s in statuses), None)
+    if worst is None:
+        return GeneratedTestRow(**base, code=None, verdict="no_answer", reason="no answer was sampled")
+    return GeneratedTestRow(**base, code=worst.test_code, verdict=worst.status, reason=worst.reason[:600])
+
+
+def coverage_table(coverage: list[SymbolTestCoverage]) -> Any:
+    return md_table(
+        ["repo", "symbols", "covered", "with accepted test", "share", "changed today", "backlog today",
+         "remaining", "not scanned", "no environment"],
+        [(c.repo, c.symbols, c.covered, c.with_accepted_test, f"{c.share():.0%}", c.changed_today,
+          c.backlog_today, c.remaining, len(c.left_out), c.environment) for c in coverage],
+    )  # fmt: skip
 
 
 @asset(
@@ -73,7 +80,8 @@ def figures(items: list[GeneratedTestRow], judge: GeneratedTestJudge, verdicts: 
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
     deps=[repo_analysis],
-    description="Generated pytest tests for changed files, accepted after passing repeated sandbox runs.",
+    description="Generated pytest tests per symbol (changed symbols, then the coverage backlog): regression "
+    "oracles sampled per symbol, accepted after passing repeated sandbox runs and failing on both mutants.",
 )
 @with_host_figures
 def generated_tests(
@@ -85,55 +93,83 @@ def generated_tests(
     settings = pipeline_settings.load()
     config = settings.pipeline.cpu_assets
     store = artifact_store.store()
-    lane = LaneQuestions("generated_tests", cpu_lane, Memo(store, "write_tests"), context.log)
-    verdicts = Memo(store, "test_verdict")
-    judge = GeneratedTestJudge(verdicts, config.sandbox)
-    entries = {e.name: e for e in settings.repos.repos}
-    analyses = {r.repo: r for r in read_results(store, "repo_analysis", context.partition_key, AnalysisRow)}
-    items: list[GeneratedTestRow] = []
-    for snapshot in load_snapshots(store, context.partition_key):
-        targets = target_files(snapshot, config.max_files_per_day)
-        if snapshot.commit is None or not targets:
-            continue
-        repo = repo_location(settings, entries[snapshot.repo])
-        notes = {f.path: test_notes(analyses.get(snapshot.repo), f.path) for f in targets}
-        keys = {
-            f.path: memo_key(
-                "write_tests",
-                TASKS_VERSION,
-                cpu_lane.config.model,
-                f.blob,
-                module_name(f.path),
-                notes[f.path],
-                config.tests_max_tokens,
-            )
-            for f in targets
-        }
-        known = lane.answers(
-            snapshot,
-            repo,
-            targets,
-            keys,
-            WRITE_TESTS,
-            config.tests_max_tokens,
-            prompt=lambda f, text, notes=notes: file_prompt(f.path, text, module_name(f.path), notes[f.path]),
-            shape=remembered_answer,
-        )
-        answers = {f.path: RememberedAnswer.read(known[f.path]) for f in targets}
-        items += judge.rows(snapshot.repo, repo, snapshot.commit, answers)
-    lane.check_failures()
-    content_hash = write_partition(
-        store,
-        "generated_tests",
-        context.partition_key,
-        {"results.json": [i.model_dump(mode="json") for i in items]},
+    job = SymbolTestsConfig(
+        model=cpu_lane.config.model,
+        samples=config.samples_per_item,
+        backlog_per_day=config.backlog_per_day,
+        limits=config.sandbox,
+        max_tokens=config.tests_max_tokens,
     )
+    results_memo = Memo(store, "symbol_tests")
+    day = SymbolTestDay(results_memo, Memo(store, "tests_register"), job, settings.data_dir)
+    entries = {e.name: e for e in settings.repos.repos}
+    isolation: list[Isolation] = []
+
+    def detected() -> Isolation:
+        if not isolation:
+            isolation.append(detect_isolation())
+        return isolation[0]
+
+    items: list[GeneratedTestRow] = []
+    results: list[SymbolTestResult] = []
+    coverage: list[SymbolTestCoverage] = []
+    for snapshot in load_snapshots(store, context.partition_key):
+        label = f"generated_tests {snapshot.repo}"
+        found, covered = day.run(
+            snapshot, repo_location(settings, entries[snapshot.repo]),
+            lambda requests, label=label: cpu_lane.run_batch(requests, log=context.log, label=label),
+            detected,
+        )  # fmt: skip
+        results += found
+        items += [symbol_row(snapshot.repo, r) for r in found]
+        if covered is not None:
+            coverage.append(covered)
+    usage = LaneUsage()
+    for batch in day.batches:
+        usage.add(batch)
+    transient = [i for b in day.batches for i in b.failed() if is_transient(i)]
+    if over_failure_ratio(len(transient), day.asked, cpu_lane.config.max_failure_ratio):
+        raise Failure(
+            description=f"generated_tests: {len(transient)} of {day.asked} requests failed for transient "
+            "reasons; what was answered is remembered, a re-run asks only for the rest",
+            metadata={**usage.metadata(results_memo.hits), "cpu_lane/failures": failures_table(transient)},
+        )
+    content_hash = write_partition(store, "generated_tests", context.partition_key,
+                                   {"results.json": [i.model_dump(mode="json") for i in items]})  # fmt: skip
+    counts = Counter(item.verdict for item in items)
+    accepted = counts.get("passed", 0)
+    sampled = kind_yield([r.tally for r in results])
+    symbols = sum(c.symbols for c in coverage)
+    with_test = sum(c.with_accepted_test for c in coverage)
     return MaterializeResult(
         metadata={
-            **figures(items, judge, verdicts),
-            **lane.metadata(),
+            **GeneratedTestsFigures(
+                candidates=len(items),
+                accepted=accepted,
+                acceptance_rate=ratio(accepted, len(items)),
+                sandbox_runs=day.verified,
+                verdict_memo_hits=results_memo.hits,
+            ).metadata(),
+            **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "passed"},
+            **{f"tests/{k}": v for k, v in sampled.model_dump(exclude_none=True).items()},
+            "symbols": symbols,
+            "symbols_with_accepted_test": with_test,
+            "test_coverage": ratio(with_test, symbols),
+            "coverage": coverage_table(coverage),
+            "asked_this_run": day.asked,
+            **usage.metadata(results_memo.hits),
             "verdicts": md_table(
-                ["repo", "file", "verdict", "reason"], [(i.repo, i.path, i.verdict, i.reason) for i in items]
+                ["repo", "symbol", "verdict", "accepted / sampled", "reason"],
+                [
+                    (
+                        i.repo,
+                        f"{i.path}::{i.symbol}",
+                        i.verdict,
+                        f"{i.accepted_answers}/{i.sampled}",
+                        i.reason,
+                    )
+                    for i in items
+                ],
             ),
             "artifact_hash": content_hash,
         }
