@@ -72,8 +72,14 @@ class ServerCommand:
 # iqk_fa_templates.h) as soon as two slots decode at once: they skip K blocks by looking at the first cell of
 # each block only, which with several slots in one unified KV cache belongs to another sequence, so a row's
 # whole softmax is masked. No other flag (batch sizes, KV types, graph reuse, cache-ram, threads) avoids it.
-IK_FLASH_ATTENTION_OFF = ("-fa", "off")
-FLASH_ATTENTION_FLAGS = ("-fa", "--flash-attn", "-no-fa", "--no-flash-attn")
+# With -fa off it holds, but two prompts that fill their slots' context fail together with HTTP 500 ("KV
+# cache is full") and go on failing: each decode call of up to -b tokens is split into -ub batches, and when a
+# later one finds no room the cells the earlier ones took are not given back. With -b equal to -ub (512) a
+# decode call is one batch that either fits or takes nothing. Each default stands unless extra_args sets it.
+IK_DEFAULTS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("-fa", "--flash-attn", "-no-fa", "--no-flash-attn"), ("-fa", "off")),
+    (("-b", "--batch-size"), ("-b", "512")),
+)
 
 
 def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
@@ -93,9 +99,10 @@ def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
     ]  # fmt: skip
     if embedded.threads:
         argv += ["-t", str(embedded.threads)]
-    sets_flash_attention = any(arg.split("=", 1)[0] in FLASH_ATTENTION_FLAGS for arg in embedded.extra_args)
-    if embedded.engine == "ik_llama" and not sets_flash_attention:
-        argv += IK_FLASH_ATTENTION_OFF
+    given = {arg.split("=", 1)[0] for arg in embedded.extra_args}
+    for flags, default in IK_DEFAULTS if embedded.engine == "ik_llama" else ():
+        if not given.intersection(flags):
+            argv += default
     argv += embedded.extra_args
     key = lane.api_key()
     # The server's own shared libraries lie beside it (both engines); LD_LIBRARY_PATH wins over a RUNPATH.

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.client import CpuClient, ServerInfo
 from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
 from lanes_pipeline.cpu_lane.tasks import ANALYSIS, FileAnalysis, file_prompt
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
@@ -55,7 +56,7 @@ def test_the_client_reads_each_engines_slots_context_and_server(
     assert code == 200 and health.status == "ok" and counted > 10
     if _engine(cpu_server_each_engine) == "ik_llama":
         assert "ik_llama" in info.server and health.slots_idle is not None  # ik adds slot counts
-        assert cpu_server_each_engine.command.argv[-2:] == ["-fa", "off"]
+        assert cpu_server_each_engine.command.argv[-4:] == ["-fa", "off", "-b", "512"]
     else:
         assert "ik_llama" not in info.server and "-fa" not in cpu_server_each_engine.command.argv
 
@@ -110,22 +111,38 @@ def test_one_day_of_cpu_lane_assets_on_upstream(
     assert again.hash("lora_dataset") == day1.hash("lora_dataset")
 
 
+def near_full_request(client: CpuClient, info: ServerInfo, item: int, max_tokens: int = 8) -> BatchRequest:
+    """A question after a long list, sized with the server's own token counts to leave the slot's context
+    just room for the answer (a shrunk prompt ends in a cut list, which this small model answers with
+    nothing at all)."""
+    layout = PromptLayout(ASK)
+
+    def build(count: int) -> BatchRequest:
+        words = " ".join(f"w{item}x{i}" for i in range(count))
+        return layout.build(f"long{item}", f"{words}\nWhich word of this list comes last?", max_tokens)
+
+    low, high = 1, 4000
+    while high - low > 1:  # the most words that still fit
+        middle = (low + high) // 2
+        fits = client.count_prompt_tokens(build(middle).messages) + max_tokens <= info.per_slot_ctx
+        low, high = (middle, high) if fits else (low, middle)
+    return build(low)
+
+
 def test_long_prompts_in_both_ik_slots_at_once_do_not_crash_it(
     cpu_server_ik: EmbeddedServer, settings: Settings, tmp_path: Path
 ) -> None:
-    """Two prompts shrunk to the slot's whole context, sent together: ik's flash-attention kernels aborted
-    the server on any two concurrent requests (hence `-fa off`)."""
-    layout = PromptLayout(ASK)
-    words = " ".join(f"w{i}" for i in range(4000))
-    requests = [layout.build(f"long{i}", f"({i}) Which word comes last? {words}", 8) for i in range(2)]
-    config = batch_config(settings, overflow="shrink")
-    result = run_batch(cpu_server_ik.url, tmp_path / "c.sqlite3", config, requests)
+    """Two prompts that fill their slots' context, sent together: ik's flash-attention kernels aborted the
+    server on any two concurrent requests (hence `-fa off`), and such a pair then failed with HTTP 500 "KV
+    cache is full" on every retry (hence `-b 512`)."""
+    with CpuClient(cpu_server_ik.url) as client:
+        info = client.server_info(settings.lanes.cpu_lane.model)
+        requests = [near_full_request(client, info, item) for item in range(2)]
+    result = run_batch(cpu_server_ik.url, tmp_path / "c.sqlite3", batch_config(settings), requests)
     assert cpu_server_ik.process is not None and cpu_server_ik.process.poll() is None  # still running
-    per_slot = settings.lanes.cpu_lane.embedded.ctx_size // settings.lanes.cpu_lane.embedded.parallel
     assert result.summary.answered == 2, [r.failure for r in result.results]
-    for item in result.results:
-        assert item.shrunk and item.metrics is not None
-        assert item.metrics.prompt_tokens > per_slot - 64  # near the slot's context
+    for answered in result.results:
+        assert answered.metrics is not None and answered.metrics.prompt_tokens > info.per_slot_ctx - 64
     after = run_batch(
         cpu_server_ik.url, tmp_path / "d.sqlite3", batch_config(settings), questions(2, offset=60)
     )
@@ -141,7 +158,7 @@ def test_moe_flags_pass_through_to_ik_and_a_rejected_flag_is_named(
     moe = ["-rtr", "-ot", "exps=CPU", "-amb", "512", "-mla", "3"]
     lane = settings_with_cpu_lane(ik, embedded=EmbeddedCpuServer(extra_args=moe))
     with private_cpu_server(lane) as server:
-        assert server.command.argv[-len(moe) - 2 :] == ["-fa", "off", *moe]
+        assert server.command.argv[-len(moe) - 4 :] == ["-fa", "off", "-b", "512", *moe]
         assert run_batch(
             server.url, tmp_path / "c.sqlite3", batch_config(settings), questions(1, offset=70)
         ).summary.answered
