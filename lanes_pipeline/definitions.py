@@ -17,7 +17,7 @@ from lanes_pipeline.daily import lane_probes
 from lanes_pipeline.daily.jobs import JOBS
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
-from lanes_pipeline.daily.schedules import daily_schedule
+from lanes_pipeline.daily.schedules import daily_schedule, lane_benchmarks_schedule
 from lanes_pipeline.gpu_lane import assets as gpu_lane
 from lanes_pipeline.gpu_lane.checks import build_gpu_checks
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
@@ -43,7 +43,7 @@ def build_definitions(settings: Settings) -> Definitions:
             *build_gpu_checks(daily_partitions(settings)),
         ],
         jobs=JOBS,
-        schedules=[daily_schedule(settings)],
+        schedules=[daily_schedule(settings), lane_benchmarks_schedule(settings)],
         sensors=SENSORS,
         resources={
             "cpu_lane": CpuLaneResource.from_lanes(settings.lanes),

@@ -40,14 +40,24 @@ def rollback_adapter_job() -> None:
 # run in every run, so their tokens/s plot over the days. The lane assets carry LANE_RETRY themselves (so
 # backfill runs retry too); here it also covers every other step of the job.
 DAILY_JOB_TAG = "lanes/job"
+# The lane benchmark loads both lanes for minutes to measure them: it has a daily job of its own rather than
+# riding in every daily_lanes run (and every day of a backfill), where it would slow the day's batch work.
+LANE_BENCHMARKS = AssetSelection.assets("lane_benchmarks")
 
 daily_lanes_job = define_asset_job(
     name="daily_lanes",
-    selection=AssetSelection.all(),
+    selection=AssetSelection.all() - LANE_BENCHMARKS,
     description="The day's whole pipeline: the CPU lane's batch work over the repositories, the LoRA "
     "dataset, then the adapter trained, judged and served on the GPU lane.",
     run_tags={DAILY_JOB_TAG: "daily_lanes"},
     op_retry_policy=LANE_RETRY,
 )
 
-JOBS = [rollback_adapter_job, daily_lanes_job]
+lane_benchmarks_job = define_asset_job(
+    name="lane_benchmarks_daily",
+    selection=LANE_BENCHMARKS,
+    description="Both lanes on the fixed workload and their interference (the observatory's daily figures).",
+    op_retry_policy=LANE_RETRY,
+)
+
+JOBS = [rollback_adapter_job, daily_lanes_job, lane_benchmarks_job]

@@ -7,9 +7,9 @@ was off are filled by a backfill (README, "Daily use").
 
 # No `from __future__ import annotations` here: a module that defines Dagster schedules keeps its
 # annotations real, like the asset modules.
-from dagster import DefaultScheduleStatus, build_schedule_from_partitioned_job
+from dagster import DefaultScheduleStatus, ScheduleDefinition, build_schedule_from_partitioned_job
 
-from lanes_pipeline.daily.jobs import daily_lanes_job
+from lanes_pipeline.daily.jobs import daily_lanes_job, lane_benchmarks_job
 from lanes_pipeline.settings import Settings
 
 DAILY_SCHEDULE = "daily_lanes_schedule"
@@ -33,3 +33,17 @@ def daily_schedule(settings: Settings):
     )
     # An asset job takes its partitions from its assets: the schedule resolves with the code location.
     return schedule
+
+
+def lane_benchmarks_schedule(settings: Settings) -> ScheduleDefinition:
+    """The lane benchmark an hour before the day's work, so the two never share the lanes."""
+    pipeline = settings.pipeline
+    status = DefaultScheduleStatus.RUNNING if pipeline.schedule_enabled else DefaultScheduleStatus.STOPPED
+    hour = (pipeline.schedule_hour - 1) % 24
+    return ScheduleDefinition(
+        name="lane_benchmarks_schedule",
+        job=lane_benchmarks_job,
+        cron_schedule=f"{pipeline.schedule_minute} {hour} * * *",
+        execution_timezone=pipeline.timezone,
+        default_status=status,
+    )

@@ -191,7 +191,11 @@ def test_lanes_run_prints_answer_and_speed_of_each_real_lane(
     assert f"[CPU lane] smollm2 @ {cpu_server.url}" in result.output
     assert f"[GPU lane] smollm2-hf @ {gpu_server.url}" in result.output
     assert result.output.count("  answer: ") == 2
-    rows = {line.split()[0]: line.split()[1] for line in result.output.splitlines() if line.startswith("  ")}
+    rows = {
+        line.split()[0]: line.split()[1]
+        for line in result.output.splitlines()
+        if line.startswith("  ") and len(line.split()) > 1  # the summary's table rows, not wrapped text
+    }
     assert rows["cpu_lane_probe"] == rows["gpu_lane_probe"] == "materialized"
     assert rows["repo_snapshot"] == rows["lora_dataset"] == "materialized"
     # No training rows in the window: no adapter, recorded as a success (issue 12), not skipped.
