@@ -318,7 +318,9 @@ def test_training_waits_while_a_cpu_lane_batch_holds_the_bandwidth(
     CPU lane; wait while a batch runs, and start once it has been quiet for quiet_s."""
     gpu_lane = GpuLaneResource.from_config(
         settings.lanes.gpu_lane,
-        bandwidth=BandwidthConfig(quiet_s=1.0, poll_s=0.1),
+        # quiet_s 2: a batch ends a moment after its last request (counters, cache commit); the lane must
+        # stay quiet past that for the wait to be over
+        bandwidth=BandwidthConfig(quiet_s=2.0, poll_s=0.1),
         cpu=settings.lanes.cpu_lane.model_copy(update={"base_url": cpu_server.url}),
     )
     idle = gpu_lane.wait_for_quiet_cpu_lane()
