@@ -143,7 +143,7 @@ def test_lanes_run_stops_the_run_and_its_lane_on_sighup(
     """`lanes run` with its own embedded CPU lane, hung up on while the day's run executes: the run is
     stopped and recorded as such, the llama-server it started and every step's process are gone."""
     _embedded_on_free_ports(project, ("cpu",))
-    # A day with minutes of CPU-lane work, so the hang-up lands while a step runs (a small day ends in seconds).
+    # A day with minutes of CPU-lane work, so the hang-up lands mid-step (a small day ends in seconds).
     pipeline = yaml.safe_load((project.config_dir / "pipeline.yaml").read_text())
     pipeline["cpu_assets"] |= {"backlog_per_day": 8, "samples_per_item": 6, "tests_max_tokens": 320}
     (project.config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
