@@ -345,4 +345,5 @@ def test_training_waits_while_a_cpu_lane_batch_holds_the_bandwidth(
     batch.join(timeout=300)
     assert waited is not None and waited.quiet and waited.max_active >= 1 and busy_seen
     assert finished and started_training >= finished[0] + 0.9  # after the batch and ~a quiet second
-    assert not gpu_lane.model_copy(update={"training_waits_for_cpu_lane": False}).wait_for_quiet_cpu_lane()
+    no_wait = gpu_lane.bandwidth.model_copy(update={"training_waits_for_cpu_lane": False})
+    assert not gpu_lane.model_copy(update={"bandwidth": no_wait}).wait_for_quiet_cpu_lane()
