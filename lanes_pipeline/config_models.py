@@ -294,6 +294,23 @@ class LoraSettings(StrictModel):
         return value
 
 
+class ExecutedEvalConfig(StrictModel):
+    """How adapter_evaluation judges a candidate by running code: held-out repository tasks and HumanEval."""
+
+    humaneval_problems: int | None = Field(
+        40, ge=1, description="HumanEval problems per day, the same ones every day (chosen by hash); None: all 164"
+    )
+    humaneval_tolerance: float = Field(
+        0.01, ge=0, le=1, description="how far the candidate's HumanEval pass@1 may fall below the base's"
+    )
+    max_tokens: int = Field(320, ge=16, description="tokens per answer (a function body or a test module)")
+    max_repo_tasks: int | None = Field(
+        None, ge=1, description="held-out repository tasks per day, the first by name; None: all"
+    )
+    timeout_s: float = Field(20.0, gt=0, description="wall clock per executed program in the sandbox")
+    workers: int = Field(4, ge=1, description="answers asked of vLLM at once")
+
+
 class TrainingConfig(StrictModel):
     base_model_dir: str = Field(EMBEDDED, description="HF folder of the GPU lane's base model")
     lora: LoraSettings = LoraSettings()
@@ -312,9 +329,7 @@ class TrainingConfig(StrictModel):
     eval_loss_margin: float = Field(
         0.01, ge=0, lt=1, description="promote only if eval loss is this fraction below base and current"
     )
-    task_score_tolerance: float = Field(
-        0.0, ge=0, le=1, description="how far the task score may drop below base and current"
-    )
+    evaluation: ExecutedEvalConfig = ExecutedEvalConfig()
     eval_max_samples: int = Field(64, ge=1, description="held-out rows scored for eval loss")
     min_train_rows: int = Field(
         4, ge=1, description="a window with fewer training rows trains no adapter that day (not a failure)"
@@ -368,7 +383,13 @@ class CpuAssetsConfig(StrictModel):
 class DatasetConfig(StrictModel):
     """Shaping the daily LoRA dataset."""
 
-    eval_percent: int = Field(10, ge=0, le=100, description="rows whose content hash falls here go to eval")
+    held_out_percent: int = Field(
+        50,
+        ge=0,
+        le=100,
+        description="symbols whose id hash falls in this share are held out: their rows go to the eval split "
+        "only, and they become the GPU lane's repository tasks",
+    )
     near_duplicate_threshold: float = Field(0.85, gt=0, le=1, description="Jaccard of word 5-gram shingles")
     system_prompt: str = Field(
         "You are a careful software engineer who knows the user's repositories.", min_length=1

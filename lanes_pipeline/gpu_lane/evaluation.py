@@ -1,99 +1,31 @@
-"""Deciding whether a candidate adapter is promoted: a small coding task score through the served lane, and
-the promotion rule over eval losses and task scores. The rule and the checks are pure; `task_score` talks
-to the lane through the client it is given."""
+"""Deciding whether a candidate adapter is promoted, from executed figures: eval loss on the rows of
+held-out symbols, `repo_pass_rate` (held-out repository tasks run in the sandbox) and HumanEval pass@1
+(the forgetting guard), each for the base model, the current adapter and the candidate. All pure: the
+figures are measured by `measurement.py`.
+
+The rule (issue 12): promote only if
+- the candidate's eval loss is `loss_margin` below the base's and the current adapter's (when the day has
+  enough held-out rows to measure it; without them the candidate is judged on the executed figures alone),
+- its `repo_pass_rate` is no lower than the current adapter's (the base's while none is served),
+- its HumanEval pass@1 is no more than `humaneval_tolerance` below the base's.
+A figure that could not be measured blocks the promotion (except the eval loss, as above), with the reason.
+"""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from datetime import date
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from lanes_pipeline.http import ChatMessage, ChatRequest, OpenAIClient
-
-
-class TaskPrompt(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    prompt: str
-    # Each regular expression must match the answer (case-insensitive, multi-line).
-    checks: tuple[str, ...]
-    max_tokens: int = 64  # enough for a one-function answer; the checks look at the code
-
-
-# Small, fixed and checkable without running code: a 135M model passes some, a 30B model nearly all; what
-# matters is that a candidate does not get worse at them than the base and the adapter it would replace.
-TASK_PROMPTS: tuple[TaskPrompt, ...] = (
-    TaskPrompt(
-        name="square",
-        prompt="Write a Python function named square that returns x squared.",
-        checks=(r"def\s+square\s*\(", r"return"),
-    ),
-    TaskPrompt(
-        name="is_even",
-        prompt="Write a Python function is_even(n) that returns True when n is even.",
-        checks=(r"def\s+is_even\s*\(\s*n", r"%\s*2"),
-    ),
-    TaskPrompt(
-        name="reverse",
-        prompt="Write a Python function that reverses a string s.",
-        checks=(r"def\s+\w+\s*\(", r"\[\s*::\s*-1\s*\]|reversed\("),
-    ),
-    TaskPrompt(
-        name="test",
-        prompt="Write a pytest test function for a function add(a, b) that adds two numbers.",
-        checks=(r"def\s+test_\w*\s*\(", r"assert"),
-    ),
-    TaskPrompt(
-        name="sum_list",
-        prompt="Write a Python function total(items) that returns the sum of a list of numbers.",
-        checks=(r"def\s+total\s*\(", r"sum\(|\+="),
-    ),
-    TaskPrompt(
-        name="explain",
-        prompt="In one sentence, what does the Python keyword 'yield' do?",
-        checks=(r"generat",),
-        max_tokens=48,
-    ),
-)
-
-
-def passes(answer: str, checks: Sequence[str]) -> bool:
-    return all(re.search(check, answer, flags=re.IGNORECASE | re.MULTILINE) for check in checks)
-
-
-class TaskScore(BaseModel):
-    model: str
-    score: float = Field(description="fraction of prompts whose answer passes every check")
-    passed: list[str]
-    failed: list[str]
-
-
-def task_score(client: OpenAIClient, model: str, prompts: Sequence[TaskPrompt] = TASK_PROMPTS) -> TaskScore:
-    """Greedy answers from the served `model` (the base name or an adapter name), checked. The prompts go
-    out together: vLLM batches them, which is much faster than one after the other."""
-
-    def one(task: TaskPrompt) -> bool:
-        request = ChatRequest(
-            model=model,
-            messages=[ChatMessage(role="user", content=task.prompt)],
-            max_tokens=task.max_tokens,
-            temperature=0.0,
-        )
-        return passes(client.chat(request).text, task.checks)
-
-    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        results = list(pool.map(one, prompts))
-    passed = [task.name for task, ok in zip(prompts, results, strict=True) if ok]
-    failed = [task.name for task, ok in zip(prompts, results, strict=True) if not ok]
-    return TaskScore(model=model, score=round(len(passed) / len(prompts), 4), passed=passed, failed=failed)
+EPSILON = 1e-9  # rates are rounded to 4 places: equal means equal
 
 
 class Figures(BaseModel):
-    eval_loss: float
-    task_score: float
+    """One served model's figures on the day's tasks. None: not measured (the reason is elsewhere)."""
+
+    eval_loss: float | None = Field(None, description="mean loss on the held-out symbols' rows")
+    repo_pass_rate: float | None = Field(None, description="share of held-out repository tasks passed")
+    humaneval_pass1: float | None = Field(None, description="HumanEval pass@1, greedy")
 
 
 class Decision(BaseModel):
@@ -101,15 +33,15 @@ class Decision(BaseModel):
     reasons: list[str]
 
 
-def promotion_decision(
-    candidate: Figures, base: Figures, current: Figures | None, loss_margin: float, task_tolerance: float
-) -> Decision:
-    """Promote only if the candidate's eval loss is at least `loss_margin` (a fraction) below both the base
-    and the current adapter's, and its task score is no more than `task_tolerance` below either."""
-    reasons: list[str] = []
-    ok = True
-    for label, other in (("base", base), ("current adapter", current)):
-        if other is None:
+def _loss_reasons(
+    candidate: Figures, others: dict[str, Figures], loss_margin: float, unjudged: str | None
+) -> tuple[bool, list[str]]:
+    if candidate.eval_loss is None or unjudged is not None:
+        why = unjudged or "the eval loss was not measured"
+        return True, [f"eval loss not judged ({why}): judged on the executed figures alone"]
+    ok, reasons = True, []
+    for label, other in others.items():
+        if other.eval_loss is None:
             continue
         limit = other.eval_loss * (1 - loss_margin)
         if candidate.eval_loss <= limit:
@@ -120,15 +52,94 @@ def promotion_decision(
         else:
             ok = False
             reasons.append(
-                f"eval loss {candidate.eval_loss:.4f} is not {loss_margin:.1%} below "
-                f"the {label}'s {other.eval_loss:.4f}"
+                f"eval loss {candidate.eval_loss:.4f} is not {loss_margin:.1%} below the {label}'s "
+                f"{other.eval_loss:.4f}"
             )
-        floor = other.task_score - task_tolerance
-        if candidate.task_score + 1e-9 >= floor:
-            reasons.append(f"task score {candidate.task_score:.2f} >= {floor:.2f} ({label})")
+    return ok, reasons
+
+
+def promotion_decision(
+    candidate: Figures,
+    base: Figures,
+    current: Figures | None,
+    loss_margin: float,
+    humaneval_tolerance: float,
+    unjudged_loss: str | None = None,
+) -> Decision:
+    others = {"base": base} | ({"current adapter": current} if current is not None else {})
+    ok, reasons = _loss_reasons(candidate, others, loss_margin, unjudged_loss)
+
+    reference_label, reference = ("current adapter", current) if current is not None else ("base", base)
+    if candidate.repo_pass_rate is None or reference.repo_pass_rate is None:
+        ok = False
+        reasons.append("repo_pass_rate was not measured (no held-out repository tasks): not promoted")
+    elif candidate.repo_pass_rate + EPSILON >= reference.repo_pass_rate:
+        reasons.append(
+            f"repo_pass_rate {candidate.repo_pass_rate:.2%} >= the {reference_label}'s "
+            f"{reference.repo_pass_rate:.2%}"
+        )
+    else:
+        ok = False
+        reasons.append(
+            f"repo_pass_rate {candidate.repo_pass_rate:.2%} is below the {reference_label}'s "
+            f"{reference.repo_pass_rate:.2%}"
+        )
+
+    if candidate.humaneval_pass1 is None or base.humaneval_pass1 is None:
+        ok = False
+        reasons.append("HumanEval pass@1 was not measured: not promoted")
+    else:
+        floor = base.humaneval_pass1 - humaneval_tolerance
+        if candidate.humaneval_pass1 + EPSILON >= floor:
+            reasons.append(
+                f"HumanEval pass@1 {candidate.humaneval_pass1:.2%} >= {floor:.2%} "
+                f"(base {base.humaneval_pass1:.2%} - {humaneval_tolerance:.0%})"
+            )
         else:
             ok = False
             reasons.append(
-                f"task score {candidate.task_score:.2f} is below the {label}'s {other.task_score:.2f}"
+                f"HumanEval pass@1 {candidate.humaneval_pass1:.2%} is more than {humaneval_tolerance:.0%} "
+                f"below the base's {base.humaneval_pass1:.2%}"
             )
     return Decision(promote=ok, reasons=reasons)
+
+
+class LearningPoint(BaseModel):
+    """One day of the learning curve (artifacts/adapter_evaluation/<day>/learning.json): the base model
+    and what the stable alias serves after the day's decision, measured that day on the same tasks."""
+
+    day: date
+    served: str = Field(description="the version the alias serves after the day ('base': none yet)")
+    candidate: str | None = Field(None, description="the day's candidate (None: no adapter today)")
+    promoted: bool = False
+    base: Figures = Figures()
+    served_figures: Figures = Figures()
+    note: str = Field("", description="no adapter today and why, or why the candidate was not judged")
+
+
+def learning_point(
+    day: date,
+    candidate: str | None,
+    decision: Decision | None,
+    figures: dict[str, Figures],
+    current: str | None,
+    note: str = "",
+) -> LearningPoint:
+    """The day's point: served = the candidate when promoted, else the current adapter, else the base."""
+    promoted = bool(decision and decision.promote)
+    base = figures.get("base", Figures())
+    if promoted and candidate is not None:
+        served, served_figures = candidate, figures.get("candidate", Figures())
+    elif current is not None:
+        served, served_figures = current, figures.get("current", Figures())
+    else:
+        served, served_figures = "base", base
+    return LearningPoint(
+        day=day,
+        served=served,
+        candidate=candidate,
+        promoted=promoted,
+        base=base,
+        served_figures=served_figures,
+        note=note,
+    )

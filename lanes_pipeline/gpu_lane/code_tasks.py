@@ -1,0 +1,91 @@
+"""Executed tasks for judging an adapter: the served model answers a coding task through the lane, the
+answer's code runs in the sandbox, and the run decides pass or fail. Shared by the held-out repository
+tasks (`repo_tasks.py`) and the HumanEval forgetting guard (`humaneval.py`).
+
+Greedy (temperature 0), one answer per task: the figure is pass@1. The prompt is what a user's editor or
+CLI would send through the chat endpoint, in the same chat format the adapter was trained on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lanes_pipeline.http import ChatMessage, ChatRequest, OpenAIClient
+
+CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+class CodeTask(BaseModel):
+    """One task: the chat messages sent, and the name its outcome is reported under."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(description="stable across days: `HumanEval/3`, `sample:body:textstats.py::words`")
+    system: str | None = None
+    prompt: str
+
+
+class TaskOutcome(BaseModel):
+    name: str
+    passed: bool
+    reason: str = Field(description="why it failed (the sandbox's verdict), or what passed")
+
+
+class PassRate(BaseModel):
+    """pass@1 of one served model on a set of tasks, with each outcome (the report lists the failures)."""
+
+    model: str
+    passed: int
+    total: int
+    rate: float = Field(description="passed / total (0 when there were no tasks)")
+    outcomes: list[TaskOutcome] = []
+
+    @classmethod
+    def of(cls, model: str, outcomes: Sequence[TaskOutcome]) -> PassRate:
+        passed = sum(o.passed for o in outcomes)
+        rate = round(passed / len(outcomes), 4) if outcomes else 0.0
+        return cls(model=model, passed=passed, total=len(outcomes), rate=rate, outcomes=list(outcomes))
+
+
+def extract_code(answer: str) -> str:
+    """The code of an answer: its fenced blocks joined (a closing fence cut off by max_tokens is fine), or
+    the whole answer when it has none."""
+    blocks = [b.strip("\n") for b in CODE_BLOCK.findall(answer)]
+    blocks = [b for b in blocks if b.strip()]
+    return "\n\n".join(blocks) + "\n" if blocks else answer.strip("\n") + "\n"
+
+
+def ask(client: OpenAIClient, model: str, task: CodeTask, max_tokens: int) -> str:
+    messages = [ChatMessage(role="system", content=task.system)] if task.system else []
+    messages.append(ChatMessage(role="user", content=task.prompt))
+    request = ChatRequest(model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, seed=0)
+    return client.chat(request).text
+
+
+def answers(
+    client: OpenAIClient, model: str, tasks: Sequence[CodeTask], max_tokens: int, workers: int
+) -> dict[str, str]:
+    """task name -> the served model's greedy answer; `workers` requests at once (vLLM batches them)."""
+    if not tasks:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
+        texts = list(pool.map(lambda t: ask(client, model, t, max_tokens), tasks))
+    return {task.name: text for task, text in zip(tasks, texts, strict=True)}
+
+
+def pass_rate(
+    client: OpenAIClient,
+    model: str,
+    tasks: Sequence[CodeTask],
+    judge: Callable[[CodeTask, str], TaskOutcome],
+    max_tokens: int,
+    workers: int,
+) -> PassRate:
+    """Ask, then run each answer through `judge` (the sandbox), one after the other: the sandbox runs are
+    CPU-bound and the machine has few cores."""
+    texts = answers(client, model, tasks, max_tokens, workers)
+    return PassRate.of(model, [judge(task, texts[task.name]) for task in tasks])
