@@ -36,7 +36,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,6 +204,22 @@ def open_sandbox(
     repo: Path, commit: str, limits: SandboxLimits, isolation: Isolation | None = None
 ) -> Iterator[Sandbox]:
     """A sandbox at `commit`, deleted on exit whatever happened inside."""
+    with _new_sandbox(limits, isolation, lambda worktree: export_commit(repo, commit, worktree)) as sandbox:
+        yield sandbox
+
+
+@contextmanager
+def open_scratch_sandbox(limits: SandboxLimits, isolation: Isolation | None = None) -> Iterator[Sandbox]:
+    """A sandbox with an empty worktree (no repository), for programs written whole by the caller."""
+    with _new_sandbox(limits, isolation, lambda worktree: None) as sandbox:
+        yield sandbox
+
+
+@contextmanager
+def _new_sandbox(
+    limits: SandboxLimits, isolation: Isolation | None, fill: Callable[[Path], None]
+) -> Iterator[Sandbox]:
+    """A sandbox whose worktree `fill` populates, deleted on exit whatever happened inside."""
     isolation = isolation or detect_isolation()
     parent = Path(limits.parent_dir) if limits.parent_dir else Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +228,7 @@ def open_sandbox(
         root.chmod(0o755)
         sandbox = Sandbox(root, limits, isolation)
         sandbox.worktree.mkdir()
-        export_commit(repo, commit, sandbox.worktree)
+        fill(sandbox.worktree)
         sandbox.scratch.mkdir()
         (sandbox.harness / "staging").mkdir(parents=True)
         (sandbox.harness / "lanes_sandbox_report.py").write_text(REPORT_PLUGIN, encoding="utf-8")
@@ -343,6 +359,22 @@ def run_pytest(
 ) -> RunReport:
     """One pytest run of `targets` (paths relative to the worktree) inside the sandbox; `python` is the
     repository environment's interpreter (default: the project's own)."""
+    return read_run(*_pytest_with_report(sandbox, targets, run_index, python))
+
+
+def run_pytest_outcomes(
+    sandbox: Sandbox, targets: Sequence[str], python: str | None = None
+) -> dict[str, str]:
+    """One pytest run of `targets` (node ids or paths): node id -> outcome of each test that ran ("passed",
+    "failed", ...); empty when the run gave no report (it crashed, timed out or collected nothing)."""
+    _, report = _pytest_with_report(sandbox, targets, 0, python)
+    tests = (report or {}).get("tests") or {}
+    return {str(node): str(outcome) for node, outcome in dict(tests).items()}
+
+
+def _pytest_with_report(
+    sandbox: Sandbox, targets: Sequence[str], run_index: int, python: str | None
+) -> tuple[CommandResult, dict[str, object] | None]:
     report_path = sandbox.scratch / f"report-{run_index}.json"
     report_path.unlink(missing_ok=True)
     argv = [python or sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
@@ -355,7 +387,7 @@ def run_pytest(
             report = json.loads(report_path.read_text(encoding="utf-8"))
         except ValueError:
             report = None
-    return read_run(result, report)
+    return result, report
 
 
 def judge_runs(runs: Sequence[RunReport], wanted: int) -> TestVerdict:
