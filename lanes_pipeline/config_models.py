@@ -298,10 +298,18 @@ class ExecutedEvalConfig(StrictModel):
     """How adapter_evaluation judges a candidate by running code: held-out repository tasks and HumanEval."""
 
     humaneval_problems: int | None = Field(
-        40, ge=1, description="HumanEval problems per day, the same ones every day (chosen by hash); None: all 164"
+        40,
+        ge=1,
+        description="HumanEval problems per day, the same ones every day (chosen by hash); None: all 164",
     )
     humaneval_tolerance: float = Field(
         0.01, ge=0, le=1, description="how far the candidate's HumanEval pass@1 may fall below the base's"
+    )
+    repo_pass_tolerance: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="how far repo_pass_rate may fall below the current adapter's (0: not at all)",
     )
     max_tokens: int = Field(320, ge=16, description="tokens per answer (a function body or a test module)")
     max_repo_tasks: int | None = Field(

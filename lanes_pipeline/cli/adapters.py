@@ -58,13 +58,16 @@ def list_versions() -> None:
     if not versions:
         click.echo(f"no adapter versions in {registry.path}")
         return
-    click.echo(f"{'':2}{'version':28} {'status':12} {'eval loss':>9} {'task':>5}  path")
+    click.echo(f"{'':2}{'version':28} {'status':12} {'eval loss':>9} {'repo':>5} {'h-eval':>6}  path")
     for version in versions:
         figures = version.evaluation.get("figures", {}).get("candidate", {})
-        loss = f"{figures['eval_loss']:.4f}" if "eval_loss" in figures else "-"
-        task = f"{figures['task_score']:.2f}" if "task_score" in figures else "-"
+        loss = f"{figures['eval_loss']:.4f}" if figures.get("eval_loss") is not None else "-"
+        repo = f"{figures['repo_pass_rate']:.0%}" if figures.get("repo_pass_rate") is not None else "-"
+        human = f"{figures['humaneval_pass1']:.1%}" if figures.get("humaneval_pass1") is not None else "-"
         mark = "* " if target is not None and target.name == version.name else "  "
-        click.echo(f"{mark}{version.name:28} {version.status:12} {loss:>9} {task:>5}  {version.path}")
+        click.echo(
+            f"{mark}{version.name:28} {version.status:12} {loss:>9} {repo:>5} {human:>6}  {version.path}"
+        )
     click.echo(f"* = {gpu_lane.alias_name}")
 
 

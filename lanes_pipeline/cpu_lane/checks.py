@@ -4,6 +4,8 @@
   broken, but a run of empty days means the acceptance rules reject everything).
 - `lora_dataset_has_no_secrets` (blocking): no row holds a secret or prompt-injection text; the scrub in
   dataset.py should make this impossible, so a failure stops training on that day.
+- `lora_dataset_holds_out_symbols` (blocking): no training row holds the body of a held-out symbol
+  (holdout.py), so the GPU lane's repository tasks and held-out eval loss measure code it never trained on.
 - `repo_analysis_parse_rate`: the share of files the model could not answer in the schema stays under
   `cpu_assets.max_unparseable_ratio`.
 """
@@ -19,7 +21,10 @@ from dagster import (
 )
 
 from lanes_pipeline.cpu_lane.assets.common import read_results
+from lanes_pipeline.cpu_lane.assets.dataset import HELD_OUT_FILE
 from lanes_pipeline.cpu_lane.dataset_writer import Record
+from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay
+from lanes_pipeline.cpu_lane.holdout import leaked
 from lanes_pipeline.cpu_lane.rows import AnalysisRow
 from lanes_pipeline.cpu_lane.safety import injection_markers, secret_findings
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
@@ -48,6 +53,34 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             passed=sum(counts.values()) > 0,
             severity=AssetCheckSeverity.WARN,
             metadata={f"{split}_rows": n for split, n in counts.items()},
+        )
+
+    @asset_check(
+        asset="lora_dataset",
+        partitions_def=partitions,
+        blocking=True,
+        description="No training row of the day holds the body of a held-out symbol.",
+    )
+    def lora_dataset_holds_out_symbols(
+        context: AssetCheckExecutionContext, artifact_store: ArtifactStoreResource
+    ) -> AssetCheckResult:
+        store, day = artifact_store.store(), context.partition_key
+        held = HeldOutDay.model_validate(store.read_json("lora_dataset_report", day, HELD_OUT_FILE))
+        train = [row.text() for row in _rows(artifact_store, day).get("train", [])]
+        leaks = [
+            f"{repo}: {symbol}"
+            for repo, bodies in sorted(held.bodies.items())
+            for symbol, body in sorted(bodies.items())
+            if any(leaked(text, [body]) for text in train)
+        ]
+        return AssetCheckResult(
+            passed=not leaks,
+            severity=AssetCheckSeverity.ERROR,
+            metadata={
+                "held_out_symbols": sum(len(b) for b in held.bodies.values()),
+                "train_rows": len(train),
+                "leaked": "\n".join(leaks[:20]),
+            },
         )
 
     @asset_check(
@@ -99,4 +132,9 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             },
         )
 
-    return [lora_dataset_has_rows, lora_dataset_has_no_secrets, repo_analysis_parse_rate]
+    return [
+        lora_dataset_has_rows,
+        lora_dataset_holds_out_symbols,
+        lora_dataset_has_no_secrets,
+        repo_analysis_parse_rate,
+    ]

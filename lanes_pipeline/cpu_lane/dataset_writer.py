@@ -1,5 +1,6 @@
 """The daily LoRA dataset: accepted CPU-lane results -> chat records, scrubbed, deduplicated, fitted to the
-GPU-lane base model's length with its own tokenizer, split by content hash, saved with `datasets`.
+GPU-lane base model's length with its own tokenizer, rows of held-out symbols in eval only, saved
+with `datasets`.
 
 Dataset contract (read by the GPU lane's trainer, see dataset_window.py): per day a `DatasetDict` with
 splits "train" and "eval"; rows have `messages` (system / user / assistant), `task` ("explain" |
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.safety import injection_markers, secret_findings
 from lanes_pipeline.store import canonical_json, sha256_bytes
@@ -44,6 +45,10 @@ class Candidate(BaseModel):
     path: str
     code: str
     answer: str
+    symbol: str | None = None
+    held_out: bool = Field(
+        False, description="about a held-out symbol: eval split only (holdout.py decides, the asset sets it)"
+    )
 
     def sort_key(self) -> tuple[str, ...]:
         return (self.task, self.repo, self.path, sha256_bytes(self.answer.encode()))
@@ -176,20 +181,16 @@ def near_duplicates(records: Sequence[Record], threshold: float) -> dict[int, in
     return duplicate_of
 
 
-def is_eval(content_hash_hex: str, eval_percent: int) -> bool:
-    """Deterministic split: the record's own hash decides, so a record never moves between days' splits."""
-    return int(content_hash_hex[:8], 16) % 100 < eval_percent
-
-
 def shape(
     candidates: Sequence[Candidate],
     system_prompt: str,
     count: TokenCounter,
     max_len: int,
-    eval_percent: int,
     near_threshold: float,
 ) -> ShapedDataset:
-    """Candidates -> train and eval records: scrub, fit, exact and near dedup, split (in that order)."""
+    """Candidates -> train and eval records: scrub, fit, exact and near dedup, split (in that order). The
+    eval split is the rows of held-out symbols; nothing else decides it, so a row never moves between
+    splits from one day to the next."""
     dropped: list[Dropped] = []
     fitted: list[tuple[Candidate, Record]] = []
     cut_to_fit = 0
@@ -227,11 +228,12 @@ def shape(
         drop(
             unique[index][0], "near_duplicate", f"like {unique[earlier][0].path} ({unique[earlier][0].task})"
         )
-    final = [r for i, (_, r) in enumerate(unique) if i not in near]
-    final.sort(key=lambda r: r.content_hash)
+    final = sorted(
+        (pair for i, pair in enumerate(unique) if i not in near), key=lambda pair: pair[1].content_hash
+    )
     return ShapedDataset(
-        train=[r for r in final if not is_eval(r.content_hash, eval_percent)],
-        eval=[r for r in final if is_eval(r.content_hash, eval_percent)],
+        train=[r for c, r in final if not c.held_out],
+        eval=[r for c, r in final if c.held_out],
         dropped=dropped,
         cut_to_fit=cut_to_fit,
     )

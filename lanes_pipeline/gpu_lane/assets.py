@@ -29,7 +29,7 @@ from dagster import (
 from pydantic import BaseModel
 
 from lanes_pipeline.daily.policies import LANE_RETRY
-from lanes_pipeline.daily.resources import ArtifactStoreResource
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.adapters import (
     AdapterRegistry,
@@ -41,8 +41,17 @@ from lanes_pipeline.gpu_lane.adapters import (
     supported_target_modules,
 )
 from lanes_pipeline.gpu_lane.client import asleep
-from lanes_pipeline.gpu_lane.evaluation import Decision, Figures, promotion_decision
-from lanes_pipeline.gpu_lane.measurement import measure, measurement_inputs, recorded
+from lanes_pipeline.gpu_lane.evaluation import Decision, LearningPoint, learning_point, promotion_decision
+from lanes_pipeline.gpu_lane.learning_report import LEARNING_FILE, learning_line, plot_metadata
+from lanes_pipeline.gpu_lane.measurement import (
+    ExecutedTasks,
+    Measured,
+    humaneval_problems,
+    measure,
+    measurement_inputs,
+    recorded,
+)
+from lanes_pipeline.gpu_lane.repo_tasks import day_tasks, load_held_out
 from lanes_pipeline.gpu_lane.resources import (
     AdapterRegistryResource,
     GpuLaneResource,
@@ -53,7 +62,7 @@ from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_training
 from lanes_pipeline.gpu_lane.training.spec import LOSS_CURVE, TrainSpec, TrainSummary
 from lanes_pipeline.gpu_lane.training_window import dataset_root, fingerprint, load_split, window_dirs
 from lanes_pipeline.host import with_host_figures
-from lanes_pipeline.settings import ConfigError, TrainingConfig, data_dir
+from lanes_pipeline.settings import ConfigError, Settings, TrainingConfig, data_dir
 from lanes_pipeline.store import ArtifactStore
 
 GROUP, POOL = "gpu_lane", "gpu_lane"
@@ -261,17 +270,39 @@ def _gpu_asleep(gpu_lane: GpuLaneResource) -> Any:
     return asleep(gpu_lane.vllm(), level=1)
 
 
-def _decide(figures: dict[str, Figures], unjudged: str | None, config: TrainingConfig) -> Decision:
-    """The promotion rule on the measured figures; a candidate that could not be judged is not promoted."""
-    if unjudged is not None:
-        return Decision(promote=False, reasons=[f"{unjudged}; not promoted"])
+def _decide(measured: Measured, config: TrainingConfig) -> Decision:
+    """The promotion rule on the measured figures (evaluation.py)."""
+    figures = measured.figures
     return promotion_decision(
         figures["candidate"],
         figures["base"],
         figures.get("current"),
         config.eval_loss_margin,
-        config.task_score_tolerance,
+        config.evaluation.humaneval_tolerance,
+        unjudged_loss=measured.unjudged,
+        repo_tolerance=config.evaluation.repo_pass_tolerance,
     )
+
+
+def executed_tasks(store: ArtifactStore, day: date, settings: Settings) -> ExecutedTasks:
+    """The day's held-out repository tasks (lora_dataset's held_out.json) and the HumanEval subset."""
+    held = load_held_out(store, day.isoformat())
+    config = settings.training
+    return ExecutedTasks(
+        functions=day_tasks(held, config.evaluation.max_repo_tasks),
+        problems=humaneval_problems(config),
+        system_prompt=settings.pipeline.dataset.system_prompt,
+        limits=settings.pipeline.cpu_assets.sandbox.model_copy(
+            update={"timeout_s": config.evaluation.timeout_s, "runs": 1}
+        ),
+    )
+
+
+def _record_learning(store: ArtifactStore, point: LearningPoint) -> dict[str, Any]:
+    store.write_json(
+        "adapter_evaluation", point.day.isoformat(), LEARNING_FILE, point.model_dump(mode="json")
+    )
+    return {"learning": learning_line(point), **plot_metadata(point)}
 
 
 @asset(
@@ -279,8 +310,9 @@ def _decide(figures: dict[str, Figures], unjudged: str | None, config: TrainingC
     pool=POOL,
     retry_policy=LANE_RETRY,
     deps=[lora_adapter],
-    description="Eval loss (held-out split) and a coding task score for base, current and candidate; too few "
-    "held-out rows to judge: not promoted, with the reason.",
+    description="Executed figures for base, current and candidate: repo_pass_rate on held-out repository "
+    "tasks, HumanEval pass@1 (forgetting guard), eval loss on held-out rows; the promotion decision and "
+    "the day's point of the learning curve.",
 )
 @with_host_figures
 def adapter_evaluation(
@@ -289,6 +321,7 @@ def adapter_evaluation(
     lora_training: LoraTrainingResource,
     adapter_registry: AdapterRegistryResource,
     artifact_store: ArtifactStoreResource,
+    pipeline_settings: PipelineSettingsResource,
 ) -> MaterializeResult:
     day = _day(context)
     with failing_for_good(f"adapter_evaluation for {day}"):
@@ -296,32 +329,38 @@ def adapter_evaluation(
         outcome = day_outcome(store, registry, day)
         if outcome.version is None:
             context.log.info(f"no adapter for {day} ({outcome.reason}): nothing to judge")
+            target = registry.alias_target(gpu_lane.alias_name)
+            point = learning_point(day, None, None, {}, target.name if target else None, outcome.reason)
+            learning = _record_learning(store, point)
             return MaterializeResult(
-                metadata={"candidate": "none", "promote": False, "no_adapter": outcome.reason}
+                metadata={"candidate": "none", "promote": False, "no_adapter": outcome.reason, **learning}
             )
         candidate = registry.get(outcome.version)
-        inputs = measurement_inputs(config)
+        tasks = executed_tasks(store, day, pipeline_settings.load())
+        inputs = measurement_inputs(config, tasks)
         # A re-run of the day (or a backfill over it) judges the figures already measured: the day's verdict
         # stands against the version that was current then, and the lanes are not asked again.
         measured = recorded(candidate, inputs)
         reused = measured is not None
         if measured is None:
             dirs = window_dirs(store.root, day, config.replay_window_days)
-            measured = measure(context, candidate, gpu_lane, lora_training, adapter_registry, dirs)
+            measured = measure(context, candidate, gpu_lane, lora_training, adapter_registry, dirs, tasks)
         else:
             context.log.info(f"{candidate.name} was measured with these settings already: 0 requests")
-        figures = measured.figures
-        decision = _decide(figures, measured.unjudged, config)
+        decision = _decide(measured, config)
         evaluation = {
             "candidate": candidate.name,
             "current": measured.current,
-            "figures": {label: f.model_dump() for label, f in figures.items()},
-            "task_scores": {label: s.model_dump() for label, s in measured.scores.items()},
+            "figures": {label: f.model_dump() for label, f in measured.figures.items()},
+            "pass_rates": {
+                label: {kind: rate.model_dump() for kind, rate in rates.items()}
+                for label, rates in measured.pass_rates.items()
+            },
             "eval_samples": config.eval_max_samples,
             "eval_samples_scored": measured.eval_samples,
             "unjudged": measured.unjudged,
             "loss_margin": config.eval_loss_margin,
-            "task_score_tolerance": config.task_score_tolerance,
+            "humaneval_tolerance": config.evaluation.humaneval_tolerance,
             "measured_with": inputs,
             "decision": decision.model_dump(),
         }
@@ -329,20 +368,26 @@ def adapter_evaluation(
         if not decision.promote and candidate.status == "candidate":
             registry.set_status(candidate.name, "rejected")
         store.write_json("adapter_evaluation", context.partition_key, "evaluation.json", evaluation)
+        point = learning_point(day, candidate.name, decision, measured.figures, measured.current)
+        learning = _record_learning(store, point)
     verdict = "promote" if decision.promote else "reject"
     context.log.info(f"{candidate.name}: {verdict}: " + "; ".join(decision.reasons))
     metadata: dict[str, Any] = {
         "candidate": candidate.name,
         "current": measured.current or "none",
         "promote": decision.promote,
-        "judged": measured.unjudged is None,
+        "eval_loss_judged": measured.unjudged is None,
         "eval_samples_scored": measured.eval_samples,
+        "repo_tasks": len(tasks.functions),
+        "humaneval_problems": len(tasks.problems),
         "reused_measurements": reused,
         "reasons": MetadataValue.md("\n".join(f"- {r}" for r in decision.reasons)),
+        **learning,
     }
-    for label, f in figures.items():
-        metadata[f"{label}_eval_loss"] = f.eval_loss
-        metadata[f"{label}_task_score"] = f.task_score
+    for label, f in measured.figures.items():
+        for name, value in f.model_dump().items():
+            if value is not None:
+                metadata[f"{label}_{name}"] = value
     return MaterializeResult(metadata=metadata)
 
 

@@ -65,6 +65,7 @@ def promotion_decision(
     loss_margin: float,
     humaneval_tolerance: float,
     unjudged_loss: str | None = None,
+    repo_tolerance: float = 0.0,
 ) -> Decision:
     others = {"base": base} | ({"current adapter": current} if current is not None else {})
     ok, reasons = _loss_reasons(candidate, others, loss_margin, unjudged_loss)
@@ -73,10 +74,10 @@ def promotion_decision(
     if candidate.repo_pass_rate is None or reference.repo_pass_rate is None:
         ok = False
         reasons.append("repo_pass_rate was not measured (no held-out repository tasks): not promoted")
-    elif candidate.repo_pass_rate + EPSILON >= reference.repo_pass_rate:
+    elif candidate.repo_pass_rate + EPSILON >= reference.repo_pass_rate - repo_tolerance:
         reasons.append(
             f"repo_pass_rate {candidate.repo_pass_rate:.2%} >= the {reference_label}'s "
-            f"{reference.repo_pass_rate:.2%}"
+            f"{reference.repo_pass_rate:.2%}" + (f" - {repo_tolerance:.0%}" if repo_tolerance else "")
         )
     else:
         ok = False

@@ -1,19 +1,22 @@
-"""What adapter_evaluation measures for one candidate: eval losses (a trainer subprocess) and task scores
-(requests through vLLM), for the base model, the current adapter and the candidate. Recorded in the
+"""What adapter_evaluation measures for one candidate, for the base model, the current adapter and the
+candidate: the eval loss on the held-out symbols' rows (a trainer subprocess), `repo_pass_rate` on the
+held-out repository tasks and HumanEval pass@1 (answers through vLLM, run in the sandbox). Recorded in the
 registry, so a re-run of the day judges the recorded figures instead of asking the lanes again."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext
 
+from lanes_pipeline.cpu_lane.holdout import HeldOutFunction
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, Version
-from lanes_pipeline.gpu_lane.client import VllmClient
-from lanes_pipeline.gpu_lane.evaluation import Figures, TaskScore, task_score
+from lanes_pipeline.gpu_lane.code_tasks import PassRate, pass_rate
+from lanes_pipeline.gpu_lane.evaluation import Figures
+from lanes_pipeline.gpu_lane.humaneval import HumanEvalProblem, daily_subset, humaneval_pass1, load_problems
+from lanes_pipeline.gpu_lane.repo_tasks import body_task, judge_body, task_name
 from lanes_pipeline.gpu_lane.resources import (
     AdapterRegistryResource,
     GpuLaneResource,
@@ -23,29 +26,51 @@ from lanes_pipeline.gpu_lane.resources import (
 from lanes_pipeline.gpu_lane.training.runner import run_evaluation
 from lanes_pipeline.gpu_lane.training.spec import EvalSpec
 from lanes_pipeline.gpu_lane.training_window import load_split
-from lanes_pipeline.settings import TrainingConfig, data_dir
+from lanes_pipeline.settings import SandboxLimits, TrainingConfig, data_dir
+from lanes_pipeline.store import canonical_json, sha256_bytes
 
 
 @dataclass
 class Measured:
     """The figures of one candidate; the promotion decision is a pure function of them. `unjudged`: why
-    the eval loss could not be measured (too few held-out rows): then the candidate is not promoted."""
+    the eval loss could not be measured (too few held-out rows): the executed figures then decide."""
 
     current: str | None  # the promoted version the candidate was measured against
     figures: dict[str, Figures]
-    scores: dict[str, TaskScore]
+    pass_rates: dict[str, dict[str, PassRate]] = field(default_factory=dict)  # label -> repo|humaneval
     eval_samples: int = 0
     unjudged: str | None = None
 
 
-def measurement_inputs(config: TrainingConfig) -> dict[str, Any]:
-    """The settings the figures depend on besides the candidate itself (its training inputs fix its data
-    window, thus the held-out split): the same inputs give the same figures, so they are not measured
-    again."""
+@dataclass
+class ExecutedTasks:
+    """What the executed figures run: the day's held-out functions and the HumanEval problems."""
+
+    functions: list[HeldOutFunction]
+    problems: list[HumanEvalProblem]
+    system_prompt: str
+    limits: SandboxLimits
+
+    def fingerprint(self) -> str:
+        names = {"repo": [task_name(f) + f.commit for f in self.functions],
+                 "humaneval": [p.task_id for p in self.problems]}  # fmt: skip
+        return sha256_bytes(canonical_json(names))[:16]
+
+
+def humaneval_problems(config: TrainingConfig) -> list[HumanEvalProblem]:
+    return daily_subset(load_problems(), config.evaluation.humaneval_problems)
+
+
+def measurement_inputs(config: TrainingConfig, tasks: ExecutedTasks) -> dict[str, Any]:
+    """The settings and tasks the figures depend on besides the candidate itself (its training inputs fix
+    its data window, thus the held-out rows): the same inputs give the same figures, so they are not
+    measured again."""
     return {
         "eval_max_samples": config.eval_max_samples,
         "max_seq_len": config.max_seq_len,
         "min_eval_rows": config.min_eval_rows,
+        "evaluation": config.evaluation.model_dump(mode="json"),
+        "tasks": tasks.fingerprint(),
     }
 
 
@@ -56,7 +81,10 @@ def recorded(candidate: Version, inputs: dict[str, Any]) -> Measured | None:
     return Measured(
         current=evaluation["current"],
         figures={label: Figures.model_validate(f) for label, f in evaluation["figures"].items()},
-        scores={label: TaskScore.model_validate(s) for label, s in evaluation["task_scores"].items()},
+        pass_rates={
+            label: {kind: PassRate.model_validate(rate) for kind, rate in rates.items()}
+            for label, rates in evaluation.get("pass_rates", {}).items()
+        },
         eval_samples=evaluation.get("eval_samples_scored", 0),
         unjudged=evaluation.get("unjudged"),
     )
@@ -78,17 +106,48 @@ def _too_few(scored: int | None, rows: int, config: TrainingConfig) -> str:
     """Why the eval loss is not judged; `scored`: of the `rows`, those with assistant tokens (None: not
     tokenized, there were too few rows already)."""
     found = f"{rows} held-out row(s)" if scored is None else f"{scored} of {rows} held-out rows scorable"
-    return (
-        f"{found} in the window, fewer than min_eval_rows {config.min_eval_rows}: the eval loss cannot be "
-        "judged"
+    return f"{found} in the window, fewer than min_eval_rows {config.min_eval_rows}"
+
+
+def _eval_losses(
+    context: AssetExecutionContext,
+    candidate: Version,
+    current: Version | None,
+    config: TrainingConfig,
+    base_dir: Path,
+    dirs: list[Path],
+) -> tuple[dict[str, float], int, str | None]:
+    """(model -> eval loss on the held-out rows, rows scored, why not judged or None)."""
+    rows = len(load_split(dirs, "eval"))
+    if rows < config.min_eval_rows:  # known before loading a model
+        return {}, 0, _too_few(None, rows, config)
+    adapters = {candidate.name: candidate.path} | ({current.name: current.path} if current else {})
+    spec = EvalSpec(
+        training=config, base_model_dir=str(base_dir), dataset_dirs=[str(d) for d in dirs], adapters=adapters
     )
+    report = run_evaluation(spec, data_dir() / "logs" / f"eval-{candidate.name}.log", context)
+    if report.samples < config.min_eval_rows:
+        return {}, report.samples, _too_few(report.samples, report.rows, config)
+    return {r.model: r.loss for r in report.results}, report.samples, None
 
 
-def _task_scores(client: VllmClient, models: dict[str, str]) -> dict[str, TaskScore]:
-    """label -> score of the served model name; the prompts of the three models run side by side."""
-    with ThreadPoolExecutor(max_workers=len(models)) as pool:
-        futures = {label: pool.submit(task_score, client, served) for label, served in models.items()}
-        return {label: future.result() for label, future in futures.items()}
+def executed_pass_rates(
+    client: Any, served: str, tasks: ExecutedTasks, config: TrainingConfig
+) -> dict[str, PassRate]:
+    """repo_pass_rate and HumanEval pass@1 of one served model name."""
+    evaluation = config.evaluation
+    repo = pass_rate(
+        client,
+        served,
+        [body_task(f, tasks.system_prompt) for f in tasks.functions],
+        lambda task, answer: judge_body(
+            next(f for f in tasks.functions if task_name(f) == task.name), answer, tasks.limits
+        ),
+        evaluation.max_tokens,
+        evaluation.workers,
+    )
+    humaneval = humaneval_pass1(client, served, tasks.problems, evaluation, tasks.limits, tasks.system_prompt)
+    return {"repo": repo, "humaneval": humaneval}
 
 
 def measure(
@@ -98,26 +157,15 @@ def measure(
     lora_training: LoraTrainingResource,
     adapter_registry: AdapterRegistryResource,
     dirs: list[Path],
+    tasks: ExecutedTasks,
 ) -> Measured:
-    """Eval losses first (no vLLM); with too few held-out rows to judge, stop there: vLLM is not asked."""
+    """Eval losses first (no vLLM), then the executed figures of base, current and candidate."""
     config, registry = lora_training.config(), adapter_registry.registry()
     current = current_version(registry, gpu_lane.alias_name, candidate)
     current_name = current.name if current else None
-    rows = len(load_split(dirs, "eval"))
-    if rows < config.min_eval_rows:  # known before loading a model
-        return Measured(current_name, {}, {}, unjudged=_too_few(None, rows, config))
-    adapters = {candidate.name: candidate.path} | ({current.name: current.path} if current else {})
-    spec = EvalSpec(
-        training=config,
-        base_model_dir=str(lora_training.base_model_path()),
-        dataset_dirs=[str(d) for d in dirs],
-        adapters=adapters,
+    losses, scored, unjudged = _eval_losses(
+        context, candidate, current, config, lora_training.base_model_path(), dirs
     )
-    report = run_evaluation(spec, data_dir() / "logs" / f"eval-{candidate.name}.log", context)
-    if report.samples < config.min_eval_rows:
-        unjudged = _too_few(report.samples, report.rows, config)
-        return Measured(current_name, {}, {}, eval_samples=report.samples, unjudged=unjudged)
-    losses = {r.model: r.loss for r in report.results}
     with gpu_lane.vllm() as client:
         service = service_for(gpu_lane, adapter_registry, lora_training, client)
         served = {"base": gpu_lane.config.served_model_name, "candidate": candidate.name}
@@ -125,11 +173,20 @@ def measure(
         if current is not None:
             service.ensure_loaded(current)
             served["current"] = current.name
-        scores = _task_scores(client, served)
+        rates: dict[str, dict[str, PassRate]] = {}
+        for label, name in served.items():
+            context.log.info(
+                f"{label} ({name}): {len(tasks.functions)} repository task(s), "
+                f"{len(tasks.problems)} HumanEval problem(s)"
+            )
+            rates[label] = executed_pass_rates(client, name, tasks, config)
+    by_label = {"base": "base", "candidate": candidate.name} | ({"current": current.name} if current else {})
     figures = {
-        "base": Figures(eval_loss=losses["base"], task_score=scores["base"].score),
-        "candidate": Figures(eval_loss=losses[candidate.name], task_score=scores["candidate"].score),
+        label: Figures(
+            eval_loss=losses.get(model),
+            repo_pass_rate=rates[label]["repo"].rate if tasks.functions else None,
+            humaneval_pass1=rates[label]["humaneval"].rate if tasks.problems else None,
+        )
+        for label, model in by_label.items()
     }
-    if current is not None:
-        figures["current"] = Figures(eval_loss=losses[current.name], task_score=scores["current"].score)
-    return Measured(current_name, figures, scores, eval_samples=report.samples)
+    return Measured(current_name, figures, rates, eval_samples=scored, unjudged=unjudged)

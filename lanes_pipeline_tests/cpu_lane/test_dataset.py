@@ -12,7 +12,6 @@ from lanes_pipeline.cpu_lane.dataset_writer import (
     CUT_MARK,
     Candidate,
     TokenCounter,
-    is_eval,
     load_token_counter,
     near_duplicates,
     render,
@@ -44,8 +43,8 @@ def _explain(path: str, answer: str, code: str = CODE) -> Candidate:
     return Candidate(task="explain", repo="r", path=path, code=code, answer=answer)
 
 
-def _shape(candidates: list[Candidate], count: TokenCounter, max_len: int = 512, eval_percent: int = 10):
-    return shape(candidates, SYSTEM, count, max_len, eval_percent, 0.85)
+def _shape(candidates: list[Candidate], count: TokenCounter, max_len: int = 512):
+    return shape(candidates, SYSTEM, count, max_len, 0.85)
 
 
 def test_long_files_are_cut_to_the_base_models_length(count: TokenCounter) -> None:
@@ -101,23 +100,33 @@ def test_exact_and_near_duplicates_are_removed(count: TokenCounter) -> None:
     assert near_duplicates(records, 0.85) == {}
 
 
-def test_split_is_deterministic_by_content_hash(count: TokenCounter) -> None:
+def test_split_puts_exactly_the_held_out_rows_in_eval_whatever_the_order(count: TokenCounter) -> None:
     candidates = [
-        _explain(f"m{i}.py", f"Summary: module number {i} adds {i} to its input.") for i in range(30)
+        _explain(f"m{i}.py", f"Summary: module number {i} adds {i} to its input.").model_copy(
+            update={"held_out": i % 3 == 0}
+        )
+        for i in range(30)
     ]
-    first = _shape(candidates, count, eval_percent=30)
-    second = _shape(list(reversed(candidates)), count, eval_percent=30)
+    first = _shape(candidates, count)
+    second = _shape(list(reversed(candidates)), count)
     assert first == second
-    assert first.eval and first.train
-    assert all(is_eval(r.content_hash, 30) for r in first.eval)
-    assert not any(is_eval(r.content_hash, 30) for r in first.train)
+    held_out_paths = {f"m{i}.py" for i in range(0, 30, 3)}
+    assert len(first.eval) == len(held_out_paths) and len(first.train) == 20
+    assert all(any(f"File: {p}\n" in r.text() for p in held_out_paths) for r in first.eval)
+    assert not any(any(f"File: {p}\n" in r.text() for p in held_out_paths) for r in first.train)
 
 
 def test_saved_dataset_is_byte_identical_and_follows_the_contract(
     count: TokenCounter, tmp_path: Path
 ) -> None:
-    candidates = [_explain(f"m{i}.py", f"Summary: module {i} returns {i} times the area.") for i in range(12)]
-    shaped = _shape(candidates, count, eval_percent=25)
+    candidates = [
+        _explain(f"m{i}.py", f"Summary: module {i} returns {i} times the area.").model_copy(
+            update={"held_out": i % 4 == 0}
+        )
+        for i in range(12)
+    ]
+    shaped = _shape(candidates, count)
+    assert len(shaped.eval) == 3
     save_dataset(shaped, tmp_path / "one")
     save_dataset(shaped, tmp_path / "two")
     assert sha256_tree(tmp_path / "one") == sha256_tree(tmp_path / "two")

@@ -1,7 +1,7 @@
 """`lora_dataset`: the day's accepted CPU-lane results as chat records for the GPU lane's LoRA
 (explain <- accepted analyses of changed files, write tests <- accepted tests, propose a diff <- accepted
 diffs), scrubbed of secrets and prompt injection, deduplicated, fitted to the base model's max sequence
-length with its own tokenizer, split by content hash, saved with `datasets` at
+length with its own tokenizer, split by held-out symbol (holdout.py), saved with `datasets` at
 `<artifacts>/lora_dataset/<day>/` (the contract in dataset_window.py), plus the replay window's figures."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
@@ -19,8 +19,11 @@ from lanes_pipeline.cpu_lane.assets.common import (
 )
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, load_token_counter, save_dataset, shape
-from lanes_pipeline.cpu_lane.repos import read_blobs
+from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo
+from lanes_pipeline.cpu_lane.holdout import body_text, route
+from lanes_pipeline.cpu_lane.repos import Snapshot, read_blobs
 from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, GeneratedTestRow, RefactorRow
+from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import FileAnalysis
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.engines import embedded_hf_model
@@ -28,6 +31,8 @@ from lanes_pipeline.gpu_lane import training_window as dataset_window
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.settings import EMBEDDED, Settings
 from lanes_pipeline.store import sha256_tree
+
+HELD_OUT_FILE = "held_out.json"  # in lora_dataset_report/<day>/: the GPU lane's repository tasks
 
 
 def explanation(analysis: FileAnalysis) -> str:
@@ -79,6 +84,7 @@ def candidates_of_day(
                     path=test.path,
                     code=sources[(test.repo, test.path)],
                     answer=f"```python\n{test.code.rstrip()}\n```",
+                    symbol=test.symbol,
                 )
             )
     for diff in diffs:
@@ -93,6 +99,46 @@ def candidates_of_day(
                 )
             )
     return found
+
+
+def tests_by_symbol(rows: list[GeneratedTestRow]) -> dict[tuple[str, str], list[str]]:
+    """(repo, symbol name) -> the day's accepted test modules for it."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        if row.accepted and row.code is not None and row.symbol is not None:
+            found.setdefault((row.repo, row.symbol), []).append(row.code)
+    return found
+
+
+def held_out_of_day(
+    context: AssetExecutionContext,
+    settings: Settings,
+    snapshots: list[Snapshot],
+    accepted: dict[tuple[str, str], list[str]],
+) -> tuple[HeldOutDay, dict[str, list[Symbol]]]:
+    """The held-out symbols of each repository (repo -> symbols) and the day's held-out tasks."""
+    percent = settings.pipeline.dataset.held_out_percent
+    entries = {e.name: e for e in settings.repos.repos}
+    day = HeldOutDay(held_out_percent=percent)
+    held: dict[str, list[Symbol]] = {}
+    for snapshot in snapshots:
+        if snapshot.commit is None:
+            continue
+        ours = {name: tests for (repo, name), tests in accepted.items() if repo == snapshot.repo}
+        symbols, functions = held_out_of_repo(
+            snapshot,
+            repo_location(settings, entries[snapshot.repo]),
+            percent,
+            ours,
+            settings.pipeline.cpu_assets.sandbox,
+        )
+        held[snapshot.repo] = symbols
+        day.bodies[snapshot.repo] = {s.id: body_text(s) for s in symbols}
+        day.functions.extend(functions)
+        context.log.info(
+            f"{snapshot.repo}: {len(symbols)} held-out symbol(s), {len(functions)} with passing tests"
+        )
+    return day, held
 
 
 def _no_tokens(messages: list[dict[str, str]]) -> int:
@@ -121,20 +167,22 @@ def lora_dataset(
             continue
         blobs = read_blobs(repo_location(settings, entries[snapshot.repo]), [f.blob for f in snapshot.files])
         sources.update({(snapshot.repo, f.path): blobs[f.blob].decode("utf-8") for f in snapshot.files})
+    generated = read_results(store, "generated_tests", day, GeneratedTestRow)
     candidates = candidates_of_day(
         read_results(store, "repo_analysis", day, AnalysisRow),
-        read_results(store, "generated_tests", day, GeneratedTestRow),
+        generated,
         read_results(store, "refactor_proposals", day, RefactorRow),
         {s.repo: set(s.changed) for s in snapshots},
         sources,
     )
     dataset_config = settings.pipeline.dataset
+    held_out_day, held = held_out_of_day(context, settings, snapshots, tests_by_symbol(generated))
+    candidates = [route(c, held.get(c.repo, [])) for c in candidates]
     shaped = shape(
         candidates,
         dataset_config.system_prompt,
         load_token_counter(base_model_dir(settings)) if candidates else _no_tokens,
         settings.training.max_seq_len,
-        dataset_config.eval_percent,
         dataset_config.near_duplicate_threshold,
     )
     target = store.folder("lora_dataset", day)
@@ -145,7 +193,10 @@ def lora_dataset(
         store,
         "lora_dataset_report",
         day,
-        {"report.json": {"counts": shaped.counts(), "dropped": [d.model_dump() for d in shaped.dropped]}},
+        {
+            "report.json": {"counts": shaped.counts(), "dropped": [d.model_dump() for d in shaped.dropped]},
+            HELD_OUT_FILE: held_out_day.model_dump(mode="json"),
+        },
     )
 
     window = dataset_window.window_dirs(
@@ -172,6 +223,9 @@ def lora_dataset(
             "window_train_rows": len(window_train),
             "window_eval_rows": len(window_eval),
             "window_fingerprint": dataset_window.fingerprint(window) if window else "",
+            "held_out_percent": dataset_config.held_out_percent,
+            "held_out_symbols": sum(len(v) for v in held.values()),
+            "held_out_tasks": len(held_out_day.functions),
             "path": MetadataValue.path(str(target)),
             "artifact_hash": content_hash,
         }

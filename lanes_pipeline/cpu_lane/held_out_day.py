@@ -1,0 +1,114 @@
+"""A day's held-out symbols of one repository (I/O: git and the sandbox; the choices are in holdout.py).
+
+The functions among them become the GPU lane's repository tasks, each with the tests that judge an answer:
+the repository's own tests that call it, and the CPU lane's accepted tests for it. A test only judges if it
+passes on the real code at the day's commit: they all run once here, in one sandboxed pytest run per
+repository, and those that do not pass are left out (a task with no test left is no task).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from lanes_pipeline.cpu_lane.holdout import HeldOutFunction, calling_tests, held_out_symbols
+from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
+from lanes_pipeline.cpu_lane.sandbox import Isolation, open_sandbox, run_pytest_outcomes
+from lanes_pipeline.cpu_lane.symbol_work import symbols_at
+from lanes_pipeline.cpu_lane.symbols import Symbol, stub
+from lanes_pipeline.settings import SandboxLimits
+
+CPU_TESTS_DIR = "tests/lanes_held_out"  # where the CPU lane's accepted tests are placed to run
+
+
+class HeldOutDay(BaseModel):
+    """lora_dataset_report/<day>/held_out.json: what the GPU lane's evaluation reads."""
+
+    held_out_percent: int
+    # repo -> held-out symbol id (all kinds) -> its body as holdout.body_text gives it: the asset check
+    # looks for these in the training split.
+    bodies: dict[str, dict[str, str]] = {}
+    functions: list[HeldOutFunction] = []
+
+
+def cpu_test_path(function: HeldOutFunction, index: int) -> str:
+    safe = function.symbol.name.replace(".", "_")
+    return f"{CPU_TESTS_DIR}/test_{Path(function.symbol.path).stem}_{safe}_{index}.py"
+
+
+def function_stub(symbol: Symbol) -> str:
+    node = ast.parse(symbol.source).body[0]
+    assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    return stub(node, symbol.module).split("\n", 1)[1]  # without the `# module` line
+
+
+def _candidates(
+    repo: str, location: Path, commit: str, held: Sequence[Symbol], tests: Mapping[str, str],
+    accepted: Mapping[str, list[str]],
+) -> list[HeldOutFunction]:  # fmt: skip
+    return [
+        HeldOutFunction(
+            repo=repo,
+            location=str(location),
+            commit=commit,
+            symbol=symbol,
+            stub=function_stub(symbol),
+            repo_tests=calling_tests(tests, symbol.name),
+            cpu_tests=accepted.get(symbol.name, []),
+        )
+        for symbol in held
+        if symbol.kind == "function"
+    ]
+
+
+def _keep_passing(
+    functions: list[HeldOutFunction], location: Path, commit: str, limits: SandboxLimits,
+    isolation: Isolation | None,
+) -> list[HeldOutFunction]:  # fmt: skip
+    """Each function with only the tests that pass on the real code; functions left without one dropped."""
+    wanted = sorted({t for f in functions for t in f.repo_tests})
+    with open_sandbox(location, commit, limits, isolation) as sandbox:
+        for function in functions:
+            for index, code in enumerate(function.cpu_tests):
+                sandbox.write(cpu_test_path(function, index), code)
+        paths = [cpu_test_path(f, i) for f in functions for i in range(len(f.cpu_tests))]
+        outcomes = run_pytest_outcomes(sandbox, [*wanted, *paths]) if wanted or paths else {}
+    kept = []
+    for function in functions:
+        repo_tests = [t for t in function.repo_tests if outcomes.get(t) == "passed"]
+        cpu_tests = [
+            code
+            for index, code in enumerate(function.cpu_tests)
+            if _file_passed(outcomes, cpu_test_path(function, index))
+        ]
+        if repo_tests or cpu_tests:
+            kept.append(function.model_copy(update={"repo_tests": repo_tests, "cpu_tests": cpu_tests}))
+    return kept
+
+
+def _file_passed(outcomes: Mapping[str, str], path: str) -> bool:
+    results = [o for node, o in outcomes.items() if node.split("::", 1)[0] == path]
+    return bool(results) and all(o == "passed" for o in results)
+
+
+def held_out_of_repo(
+    snapshot: Snapshot,
+    location: Path,
+    percent: int,
+    accepted: Mapping[str, list[str]],
+    limits: SandboxLimits,
+    isolation: Isolation | None = None,
+) -> tuple[list[Symbol], list[HeldOutFunction]]:
+    """(the held-out symbols of the snapshot's files, the held-out functions that have passing tests)."""
+    if snapshot.commit is None:
+        return [], []
+    paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
+    today = symbols_at(location, snapshot.commit, paths)
+    held = held_out_symbols(snapshot.repo, today.symbols, percent)
+    functions = _candidates(snapshot.repo, location, snapshot.commit, held, today.test_sources, accepted)
+    if not functions:
+        return held, []
+    return held, _keep_passing(functions, location, snapshot.commit, limits, isolation)

@@ -1,0 +1,130 @@
+"""Held-out symbols: a stable share of each repository's top-level functions and classes, chosen by hash,
+that the LoRA never trains on. The CPU lane still works on them (their accepted tests judge answers), but
+their rows go to the eval split only, their bodies are masked out of every training row's code, and they
+become the GPU lane's repository tasks (`HeldOutFunction`, written by lora_dataset, read by
+adapter_evaluation). Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lanes_pipeline.cpu_lane.dataset_writer import Candidate
+from lanes_pipeline.cpu_lane.symbols import Symbol
+
+MIN_BODY_CHARS = 12  # a body shorter than this ("return x") is too common to call a leak when seen elsewhere
+
+
+class HeldOutFunction(BaseModel):
+    """One held-out function and what judging an answer about it needs: the repository at the day's
+    commit, the function, the repository's own tests that call it, and the CPU lane's accepted tests."""
+
+    model_config = ConfigDict(frozen=True)
+
+    repo: str
+    location: str = Field(description="the git repository on this machine")
+    commit: str
+    symbol: Symbol
+    stub: str = Field(description="signature and docstring: what an editor sends when a body is wanted")
+    repo_tests: list[str] = Field([], description="node ids of the repository's tests that call it")
+    cpu_tests: list[str] = Field([], description="accepted test modules the CPU lane wrote for it")
+
+
+def held_out_key(repo: str, symbol: Symbol) -> str:
+    """A method is held out with its class: the key is the top-level name."""
+    return f"{repo}:{symbol.path}::{symbol.import_name}"
+
+
+def is_held_out(repo: str, symbol: Symbol, percent: int) -> bool:
+    digest = hashlib.sha256(held_out_key(repo, symbol).encode()).hexdigest()
+    return int(digest[:8], 16) % 100 < percent
+
+
+def held_out_symbols(repo: str, symbols: Iterable[Symbol], percent: int) -> list[Symbol]:
+    return [s for s in symbols if is_held_out(repo, s, percent)]
+
+
+def _normalized_lines(text: str) -> list[str]:
+    """Lines stripped of indentation and diff markers, blanks dropped: a body reads the same in a file, in
+    a code block and in a unified diff."""
+    lines = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped[:1] in {"+", "-"} and not stripped.startswith(("+=", "-=", "--", "++")):
+            stripped = stripped[1:].strip()
+        if stripped:
+            lines.append(stripped)
+    return lines
+
+
+def body_text(symbol: Symbol) -> str:
+    """The lines after the signature and docstring (what writing the body means), normalized."""
+    tree = ast.parse(symbol.source)
+    node = tree.body[0]
+    assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    body = node.body
+    if ast.get_docstring(node) is not None:
+        body = body[1:]
+    if not body:
+        return ""
+    lines = symbol.source.splitlines()
+    first = body[0].lineno - 1
+    return "\n".join(_normalized_lines("\n".join(lines[first:])))
+
+
+def leaked(text: str, bodies: Sequence[str]) -> bool:
+    """Whether `text` holds one of the held-out `bodies` (as body_text returns them), whole."""
+    haystack = "\n".join(_normalized_lines(text))
+    return any(len(body) >= MIN_BODY_CHARS and body in haystack for body in bodies)
+
+
+def mask(source: str, held_out: Sequence[Symbol]) -> str:
+    """The module with each held-out symbol's body replaced by `...` (signature and docstring stay), so a
+    training row may show the file without teaching the held-out code."""
+    lines = source.splitlines(keepends=True)
+    for symbol in sorted(held_out, key=lambda s: s.start_line, reverse=True):
+        node = ast.parse(symbol.source).body[0]
+        assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+        if not body:
+            continue
+        indent = " " * body[0].col_offset
+        first = symbol.start_line + body[0].lineno - 2  # 0-based line of the first body statement
+        lines[first : symbol.end_line] = [f"{indent}...  # held out\n"]
+    return "".join(lines)
+
+
+def calling_tests(test_sources: Mapping[str, str], name: str) -> list[str]:
+    """Node ids (`path::test_fn`) of the top-level test functions that name `name`."""
+    found = []
+    for path, source in sorted(test_sources.items()):
+        try:
+            tree = ast.parse(source, filename=path)
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+                names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                names |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+                if name in names:
+                    found.append(f"{path}::{node.name}")
+    return found
+
+
+def route(candidate: Candidate, held_out: Sequence[Symbol]) -> Candidate:
+    """A candidate with its split decided: about a held-out symbol of its repository (its own symbol, or
+    an answer that holds a held-out body, such as a diff) -> eval, unchanged; otherwise training, with the
+    held-out bodies of its file masked out of the code it shows."""
+    by_name = {s.name for s in held_out if s.path == candidate.path}
+    if candidate.symbol is not None and candidate.symbol.split(".", 1)[0] in {
+        n.split(".", 1)[0] for n in by_name
+    }:
+        return candidate.model_copy(update={"held_out": True})
+    if leaked(candidate.answer, [body_text(s) for s in held_out]):
+        return candidate.model_copy(update={"held_out": True})
+    in_file = [s for s in held_out if s.path == candidate.path]
+    return candidate.model_copy(update={"held_out": False, "code": mask(candidate.code, in_file)})

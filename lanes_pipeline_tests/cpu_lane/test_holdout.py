@@ -1,0 +1,146 @@
+"""Held-out symbols (holdout.py, pure) and a day's held-out functions with their passing tests
+(held_out_day.py: git and the sandbox)."""
+
+from __future__ import annotations
+
+import ast
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+from lanes_pipeline.cpu_lane.dataset_writer import Candidate
+from lanes_pipeline.cpu_lane.held_out_day import held_out_of_repo
+from lanes_pipeline.cpu_lane.holdout import (
+    body_text,
+    calling_tests,
+    held_out_symbols,
+    is_held_out,
+    leaked,
+    mask,
+    route,
+)
+from lanes_pipeline.cpu_lane.repos import CommitSpec, FileEntry, Snapshot, build_history
+from lanes_pipeline.cpu_lane.sandbox import detect_isolation
+from lanes_pipeline.cpu_lane.symbols import all_symbols, scan_repo
+from lanes_pipeline.settings import SandboxLimits
+
+MODULE = '''"""Small helpers."""
+
+import math
+
+
+def area(r: float) -> float:
+    """Area of a circle of radius r."""
+    return math.pi * r * r
+
+
+def double(x: int) -> int:
+    """Twice x."""
+    result = x + x
+    return result
+
+
+def shout(text: str) -> str:
+    return text.upper() + "!"
+'''
+TESTS = """from shapes import area, double, shout
+
+
+def test_double():
+    assert double(2) == 4
+
+
+def test_area_and_shout():
+    assert round(area(1.0), 2) == 3.14
+    assert shout("hi") == "HI!"
+
+
+def test_broken_on_purpose():
+    assert double(1) == 3
+"""
+
+
+def symbols():
+    return all_symbols(scan_repo({"shapes.py": MODULE}))
+
+
+def test_the_held_out_share_is_stable_and_follows_the_percent() -> None:
+    found = symbols()
+    assert held_out_symbols("r", found, 100) == found and held_out_symbols("r", found, 0) == []
+    assert [is_held_out("r", s, 50) for s in found] == [is_held_out("r", s, 50) for s in found]
+    many = all_symbols(scan_repo({"m.py": "".join(f"def f{i}():\n    return {i}\n\n\n" for i in range(400))}))
+    share = len(held_out_symbols("r", many, 30)) / len(many)
+    assert 0.22 < share < 0.38, share
+
+
+def test_mask_keeps_signature_and_docstring_and_drops_only_held_out_bodies() -> None:
+    by_name = {s.name: s for s in symbols()}
+    masked = mask(MODULE, [by_name["double"], by_name["shout"]])
+    ast.parse(masked)  # still Python
+    assert '"""Twice x."""' in masked and "def shout(text: str) -> str:" in masked
+    assert "result = x + x" not in masked and "text.upper()" not in masked
+    assert "return math.pi * r * r" in masked  # not held out: unchanged
+
+
+def test_a_body_is_recognised_in_a_file_in_a_code_block_and_in_a_diff() -> None:
+    body = body_text({s.name: s for s in symbols()}["double"])
+    assert body == "result = x + x\nreturn result"
+    diff = (
+        "--- a/shapes.py\n+++ b/shapes.py\n@@ -12,3 +12,3 @@\n"
+        "-    result = x + x\n-    return result\n+    return 2 * x\n"
+    )
+    assert leaked(diff, [body])
+    assert leaked(f"```python\n{MODULE}```", [body])
+    assert not leaked("result = x + x\nreturn 2 * x", [body])
+    assert not leaked("return x", ["return x"])  # shorter than MIN_BODY_CHARS: too common to count
+
+
+def test_route_sends_held_out_rows_to_eval_and_masks_the_rest() -> None:
+    by_name = {s.name: s for s in symbols()}
+    held = [by_name["double"]]
+    about = Candidate(task="write_tests", repo="r", path="shapes.py", code=MODULE, answer="def test(): ...",
+                      symbol="double")  # fmt: skip
+    assert route(about, held).held_out and route(about, held).code == MODULE
+    other = about.model_copy(update={"symbol": "area"})
+    routed = route(other, held)
+    assert not routed.held_out and "result = x + x" not in routed.code and "math.pi" in routed.code
+    diff = "-    result = x + x\n-    return result\n+    return 2 * x\n"
+    proposal = Candidate(task="refactor_diff", repo="r", path="shapes.py", code=MODULE, answer=diff)
+    assert route(proposal, held).held_out
+
+
+def test_calling_tests_finds_the_test_functions_that_name_it() -> None:
+    assert calling_tests({"tests/test_shapes.py": TESTS}, "double") == [
+        "tests/test_shapes.py::test_double",
+        "tests/test_shapes.py::test_broken_on_purpose",
+    ]
+    assert calling_tests({"tests/test_shapes.py": TESTS, "bad.py": "def ("}, "shout") == [
+        "tests/test_shapes.py::test_area_and_shout"
+    ]
+
+
+def shapes_repo(root: Path) -> tuple[Path, str]:
+    when = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    files = {"shapes.py": MODULE, "tests/test_shapes.py": TESTS}
+    commit = build_history(root / "repo", [CommitSpec(when=when, message="shapes", files=files)])
+    return root / "repo", commit
+
+
+def test_a_day_keeps_only_held_out_functions_with_tests_that_pass_on_the_real_code(tmp_path: Path) -> None:
+    repo, commit = shapes_repo(tmp_path)
+    snapshot = Snapshot(
+        repo="r", day=date(2026, 11, 1), branch="HEAD", commit=commit,
+        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(MODULE), language="python")],
+    )  # fmt: skip
+    accepted = {"shout": ["from shapes import shout\n\n\ndef test_shout():\n    assert shout('a') == 'A!'\n"]}
+    limits = SandboxLimits(runs=1, timeout_s=60)
+    held, functions = held_out_of_repo(snapshot, repo, 100, accepted, limits, detect_isolation())
+    assert sorted(s.name for s in held) == ["area", "double", "shout"]
+    by_name = {f.symbol.name: f for f in functions}
+    # the deliberately broken repository test is left out; the passing one stays
+    assert by_name["double"].repo_tests == ["tests/test_shapes.py::test_double"]
+    assert by_name["shout"].repo_tests == ["tests/test_shapes.py::test_area_and_shout"]
+    assert by_name["shout"].cpu_tests == accepted["shout"]
+    assert (
+        by_name["double"].stub.startswith("def double(x: int) -> int:")
+        and "Twice x." in by_name["double"].stub
+    )
