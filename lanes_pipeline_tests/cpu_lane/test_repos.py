@@ -145,7 +145,7 @@ def test_sample_repository_has_three_days_of_real_code(tmp_path: Path) -> None:
     )
     days = [take_snapshot("s", repo, "HEAD", when.date(), "UTC", rules, 3000) for when, _, _ in HISTORY]
     assert len({d.commit for d in days}) == 3
-    assert days[0].changed == ["textstats.py"]
-    assert days[1].changed == ["slug.py", "textstats.py"]
-    assert days[2].changed == ["slug.py"]
+    assert days[0].changed == ["mathbits.py", "textstats.py"]
+    assert days[1].changed == ["slug.py", "textcase.py", "textstats.py"]
+    assert days[2].changed == ["seqtools.py", "slug.py", "textcase.py"]
     assert "unique_slug" in days[2].repo_map and "unique_slug" not in days[1].repo_map

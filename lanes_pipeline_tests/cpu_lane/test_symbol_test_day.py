@@ -52,7 +52,7 @@ def snapshot(repo: Path, commit: str, previous: str | None, day: int) -> Snapsho
 @pytest.mark.timeout(900)
 def test_a_day_takes_changed_symbols_then_the_backlog_and_a_rerun_asks_nothing(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    commits = [build_history(repo, [spec]) for spec in sample_repo.history()]
+    commits = [build_history(repo, [spec]) for spec in sample_repo.history(sample_repo.FIRST_MODULES)]
     store = ArtifactStore(tmp_path / "artifacts")
     config = SymbolTestsConfig(
         model="m", samples=1, backlog_per_day=2, limits=SandboxLimits(timeout_s=30, runs=1)

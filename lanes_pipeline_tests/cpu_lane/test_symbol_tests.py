@@ -34,7 +34,12 @@ from lanes_pipeline.settings import SandboxLimits, Settings
 from lanes_pipeline_tests.cpu_lane.fixtures import batch_config
 
 DAY3 = Path(sample_repo.__file__).parent / "day3"
-SOURCES = {p.relative_to(DAY3).as_posix(): p.read_text(encoding="utf-8") for p in sorted(DAY3.rglob("*.py"))}
+# The sample's first modules (textstats, slug) and their tests: what these tests were written against.
+SOURCES = {
+    path: text
+    for path, text in sample_repo.tree_of(DAY3).items()
+    if path.endswith(".py") and sample_repo.of_modules(path, sample_repo.FIRST_MODULES)
+}
 TESTS = {path: source for path, source in SOURCES.items() if path.startswith("tests/")}
 REPO_MAP = "slug.py: slugify, unique_slug\ntextstats.py: words, word_count, top_words, average_word_length"
 
@@ -206,7 +211,8 @@ def test_regression_oracles_from_the_real_server_kill_both_mutants_of_sample_fun
 
 
 def test_day_work_takes_changed_symbols_then_the_backlog_across_the_sample_days(tmp_path: Path) -> None:
-    commits = [build_history(tmp_path / "repo", [spec]) for spec in sample_repo.history()]
+    history = sample_repo.history(sample_repo.FIRST_MODULES)
+    commits = [build_history(tmp_path / "repo", [spec]) for spec in history]
     covered: set[str] = set()
     before: list[Symbol] = []
     picked = []
