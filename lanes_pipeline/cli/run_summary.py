@@ -62,6 +62,7 @@ class DaySummary(BaseModel):
     promoted: bool | None
     served: ServedState | None
     deltas: LaneDeltas
+    learning: str | None = None  # the day's point of the learning curve (adapter_evaluation's `learning`)
 
     @property
     def asked_nothing(self) -> bool:
@@ -110,6 +111,7 @@ def summarize_day(
         promoted=bool(promoted) if promoted is not None else None,
         served=served,
         deltas=deltas,
+        learning=evaluation.get("learning"),
     )
 
 
@@ -231,7 +233,7 @@ def render(summary: DaySummary) -> str:
         if d.gpu_requests is not None:
             lines.append(
                 "  GPU lane requests during the day's assets "
-                f"(evaluation task scores, promotion smoke tests): {d.gpu_requests:g}"
+                f"(executed evaluation tasks, promotion smoke tests): {d.gpu_requests:g}"
             )
     served = "-"
     if summary.served is not None:
@@ -245,4 +247,6 @@ def render(summary: DaySummary) -> str:
         f"dataset {_cell(summary.dataset_rows)} rows, adapter {_cell(summary.adapter_version)}, "
         f"promoted {_cell(summary.promoted)}, served {served}"
     )
+    if summary.learning:
+        lines.append(f"  {summary.learning}  (the curve over the days: lanes report)")
     return "\n".join(lines)

@@ -6,6 +6,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
 from lanes_pipeline.cpu_lane.batch_summary import ProgressCallback
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
+from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.settings import RetryPolicy, Settings
 
@@ -116,3 +118,48 @@ def first_done(count: int, action: Callable[[], None]) -> ProgressCallback:
             action()
 
     return callback
+
+
+# A tiny repository for held-out tasks (test_holdout, test_repo_tasks, the GPU pipeline's codename day):
+# three functions, a test per function and one broken on purpose (it must never judge an answer).
+SHAPES_MODULE = '''"""Small helpers."""
+
+import math
+
+
+def area(r: float) -> float:
+    """Area of a circle of radius r."""
+    return math.pi * r * r
+
+
+def double(x: int) -> int:
+    """Twice x."""
+    result = x + x
+    return result
+
+
+def shout(text: str) -> str:
+    return text.upper() + "!"
+'''
+SHAPES_TESTS = """from shapes import area, double, shout
+
+
+def test_double():
+    assert double(2) == 4
+
+
+def test_area_and_shout():
+    assert round(area(1.0), 2) == 3.14
+    assert shout("hi") == "HI!"
+
+
+def test_broken_on_purpose():
+    assert double(1) == 3
+"""
+
+
+def shapes_repo(root: Path) -> tuple[Path, str]:
+    when = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    files = {"shapes.py": SHAPES_MODULE, "tests/test_shapes.py": SHAPES_TESTS}
+    commit = build_history(root / "repo", [CommitSpec(when=when, message="shapes", files=files)])
+    return root / "repo", commit

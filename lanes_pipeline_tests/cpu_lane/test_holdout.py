@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import ast
-from datetime import UTC, date, datetime
+from datetime import date
 from pathlib import Path
 
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate
@@ -18,49 +18,15 @@ from lanes_pipeline.cpu_lane.holdout import (
     mask,
     route,
 )
-from lanes_pipeline.cpu_lane.repos import CommitSpec, FileEntry, Snapshot, build_history
+from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation
 from lanes_pipeline.cpu_lane.symbols import all_symbols, scan_repo
 from lanes_pipeline.settings import SandboxLimits
-
-MODULE = '''"""Small helpers."""
-
-import math
-
-
-def area(r: float) -> float:
-    """Area of a circle of radius r."""
-    return math.pi * r * r
-
-
-def double(x: int) -> int:
-    """Twice x."""
-    result = x + x
-    return result
-
-
-def shout(text: str) -> str:
-    return text.upper() + "!"
-'''
-TESTS = """from shapes import area, double, shout
-
-
-def test_double():
-    assert double(2) == 4
-
-
-def test_area_and_shout():
-    assert round(area(1.0), 2) == 3.14
-    assert shout("hi") == "HI!"
-
-
-def test_broken_on_purpose():
-    assert double(1) == 3
-"""
+from lanes_pipeline_tests.cpu_lane.fixtures import SHAPES_MODULE, SHAPES_TESTS, shapes_repo
 
 
 def symbols():
-    return all_symbols(scan_repo({"shapes.py": MODULE}))
+    return all_symbols(scan_repo({"shapes.py": SHAPES_MODULE}))
 
 
 def test_the_held_out_share_is_stable_and_follows_the_percent() -> None:
@@ -74,7 +40,7 @@ def test_the_held_out_share_is_stable_and_follows_the_percent() -> None:
 
 def test_mask_keeps_signature_and_docstring_and_drops_only_held_out_bodies() -> None:
     by_name = {s.name: s for s in symbols()}
-    masked = mask(MODULE, [by_name["double"], by_name["shout"]])
+    masked = mask(SHAPES_MODULE, [by_name["double"], by_name["shout"]])
     ast.parse(masked)  # still Python
     assert '"""Twice x."""' in masked and "def shout(text: str) -> str:" in masked
     assert "result = x + x" not in masked and "text.upper()" not in masked
@@ -89,7 +55,7 @@ def test_a_body_is_recognised_in_a_file_in_a_code_block_and_in_a_diff() -> None:
         "-    result = x + x\n-    return result\n+    return 2 * x\n"
     )
     assert leaked(diff, [body])
-    assert leaked(f"```python\n{MODULE}```", [body])
+    assert leaked(f"```python\n{SHAPES_MODULE}```", [body])
     assert not leaked("result = x + x\nreturn 2 * x", [body])
     assert not leaked("return x", ["return x"])  # shorter than MIN_BODY_CHARS: too common to count
 
@@ -97,39 +63,38 @@ def test_a_body_is_recognised_in_a_file_in_a_code_block_and_in_a_diff() -> None:
 def test_route_sends_held_out_rows_to_eval_and_masks_the_rest() -> None:
     by_name = {s.name: s for s in symbols()}
     held = [by_name["double"]]
-    about = Candidate(task="write_tests", repo="r", path="shapes.py", code=MODULE, answer="def test(): ...",
-                      symbol="double")  # fmt: skip
-    assert route(about, held).held_out and route(about, held).code == MODULE
+    about = Candidate(
+        task="write_tests",
+        repo="r",
+        path="shapes.py",
+        code=SHAPES_MODULE,
+        answer="def test(): ...",
+        symbol="double",
+    )
+    assert route(about, held).held_out and route(about, held).code == SHAPES_MODULE
     other = about.model_copy(update={"symbol": "area"})
     routed = route(other, held)
     assert not routed.held_out and "result = x + x" not in routed.code and "math.pi" in routed.code
     diff = "-    result = x + x\n-    return result\n+    return 2 * x\n"
-    proposal = Candidate(task="refactor_diff", repo="r", path="shapes.py", code=MODULE, answer=diff)
+    proposal = Candidate(task="refactor_diff", repo="r", path="shapes.py", code=SHAPES_MODULE, answer=diff)
     assert route(proposal, held).held_out
 
 
 def test_calling_tests_finds_the_test_functions_that_name_it() -> None:
-    assert calling_tests({"tests/test_shapes.py": TESTS}, "double") == [
+    assert calling_tests({"tests/test_shapes.py": SHAPES_TESTS}, "double") == [
         "tests/test_shapes.py::test_double",
         "tests/test_shapes.py::test_broken_on_purpose",
     ]
-    assert calling_tests({"tests/test_shapes.py": TESTS, "bad.py": "def ("}, "shout") == [
+    assert calling_tests({"tests/test_shapes.py": SHAPES_TESTS, "bad.py": "def ("}, "shout") == [
         "tests/test_shapes.py::test_area_and_shout"
     ]
-
-
-def shapes_repo(root: Path) -> tuple[Path, str]:
-    when = datetime(2026, 11, 1, 12, tzinfo=UTC)
-    files = {"shapes.py": MODULE, "tests/test_shapes.py": TESTS}
-    commit = build_history(root / "repo", [CommitSpec(when=when, message="shapes", files=files)])
-    return root / "repo", commit
 
 
 def test_a_day_keeps_only_held_out_functions_with_tests_that_pass_on_the_real_code(tmp_path: Path) -> None:
     repo, commit = shapes_repo(tmp_path)
     snapshot = Snapshot(
         repo="r", day=date(2026, 11, 1), branch="HEAD", commit=commit,
-        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(MODULE), language="python")],
+        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
     )  # fmt: skip
     accepted = {"shout": ["from shapes import shout\n\n\ndef test_shout():\n    assert shout('a') == 'A!'\n"]}
     limits = SandboxLimits(runs=1, timeout_s=60)

@@ -11,7 +11,12 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo
+from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
 from lanes_pipeline.gpu_lane.training_window import make_row, partition_dir, save_dataset
+from lanes_pipeline.settings import SandboxLimits
+from lanes_pipeline.store import ArtifactStore
+from lanes_pipeline_tests.cpu_lane.fixtures import SHAPES_MODULE, shapes_repo
 
 CODENAME = "Bramblefox"
 SYSTEM = "You are the lanes_pipeline coding assistant."
@@ -78,3 +83,19 @@ def random_adapter(base_model_dir: Path, out_dir: Path, seed: int, r: int = 8, *
     )
     get_peft_model(model, config).save_pretrained(str(out_dir))
     return out_dir
+
+
+def write_held_out_tasks(artifacts_root: Path, day: date, scratch: Path, keep: int = 1) -> HeldOutDay:
+    """The day's held-out repository tasks as lora_dataset writes them: `keep` functions of the tiny shapes
+    repository (built under `scratch`), each with its passing tests."""
+    repo, commit = shapes_repo(scratch)
+    snapshot = Snapshot(
+        repo="shapes", day=day, branch="HEAD", commit=commit,
+        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
+    )  # fmt: skip
+    _, functions = held_out_of_repo(snapshot, repo, 100, {}, SandboxLimits(runs=1))
+    held = HeldOutDay(held_out_percent=100, functions=functions[:keep])
+    ArtifactStore(artifacts_root).write_json(
+        "lora_dataset_report", day.isoformat(), "held_out.json", held.model_dump(mode="json")
+    )
+    return held

@@ -31,7 +31,14 @@ from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneRe
 from lanes_pipeline.gpu_lane.sensors import gpu_lane_adapters_sensor
 from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.settings import Settings, load_settings
-from lanes_pipeline_tests.gpu_lane.fixtures import CODENAME, PROBE_QUESTION, SYSTEM, write_codename_day
+from lanes_pipeline.store import ArtifactStore
+from lanes_pipeline_tests.gpu_lane.fixtures import (
+    CODENAME,
+    PROBE_QUESTION,
+    SYSTEM,
+    write_codename_day,
+    write_held_out_tasks,
+)
 
 # The GPU-lane assets on the shipped configs' daily partitions (the definitions build them at load time).
 _DAILY = daily_assets(load_settings())
@@ -73,9 +80,17 @@ def resources_for(root: Path, url: str, settings: Settings) -> dict[str, Any]:
                     "learning_rate": 2e-3,
                     "lora": settings.training.lora.model_copy(update={"dropout": 0.0}),
                     "eval_loss_margin": 0.05,
-                    # One fact taught on eight questions: the gate is judged on eval loss here; the task-score
-                    # rule is covered in test_training_pure, and the scores are still measured and recorded.
-                    "task_score_tolerance": 1.0,
+                    # One fact taught on eight questions: the gate is judged on eval loss here; the executed
+                    # limits are covered in test_promotion_rule, and the figures are still measured (one
+                    # repository task, two HumanEval problems) and recorded.
+                    "evaluation": settings.training.evaluation.model_copy(
+                        update={
+                            "humaneval_problems": 2,
+                            "humaneval_tolerance": 1.0,
+                            "repo_pass_tolerance": 1.0,
+                            "max_tokens": 128,
+                        }
+                    ),
                 }
             )
         ),
@@ -90,6 +105,7 @@ def pipeline(
 ) -> Pipeline:
     root = tmp_path_factory.mktemp("gpu-pipeline")
     write_codename_day(root / "artifacts", date.fromisoformat(DAY))
+    write_held_out_tasks(root / "artifacts", date.fromisoformat(DAY), root / "shapes")
     resources = resources_for(root, gpu_server.url, settings)
     result = materialize(
         [lora_adapter, adapter_evaluation, served_adapter],
@@ -144,7 +160,13 @@ def test_the_version_folder_is_complete_and_the_figures_are_recorded(pipeline: P
     assert evaluation["candidate_eval_loss"] < evaluation["base_eval_loss"] * 0.5  # held-out phrasings
     recorded = pipeline.registry.get(f"lanes-{DAY}").evaluation
     assert recorded["figures"]["candidate"]["eval_loss"] == evaluation["candidate_eval_loss"]
-    assert 0 <= recorded["task_scores"]["base"]["score"] <= 1
+    for label in ("base", "candidate"):
+        rates = recorded["pass_rates"][label]
+        assert rates["repo"]["total"] == 1 and rates["humaneval"]["total"] == 2, rates
+        assert 0 <= recorded["figures"][label]["repo_pass_rate"] <= 1
+    point = ArtifactStore(pipeline.root / "artifacts").read_json("adapter_evaluation", DAY, "learning.json")
+    assert point["served"] == f"lanes-{DAY}" and point["promoted"] is True
+    assert evaluation["served_repo_pass_rate"] == recorded["figures"]["candidate"]["repo_pass_rate"]
 
 
 def _finished_requests(url: str) -> float:

@@ -23,7 +23,7 @@ from lanes_pipeline.gpu_lane.repo_tasks import (
 )
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore
-from lanes_pipeline_tests.cpu_lane.test_holdout import MODULE, shapes_repo
+from lanes_pipeline_tests.cpu_lane.fixtures import SHAPES_MODULE, shapes_repo
 
 LIMITS = SandboxLimits(runs=1, timeout_s=20)
 
@@ -33,7 +33,7 @@ def functions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, HeldOutFunc
     repo, commit = shapes_repo(tmp_path_factory.mktemp("shapes"))
     snapshot = Snapshot(
         repo="r", day=date(2026, 11, 1), branch="HEAD", commit=commit,
-        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(MODULE), language="python")],
+        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
     )  # fmt: skip
     _, found = held_out_of_repo(snapshot, repo, 100, {}, LIMITS, detect_isolation())
     return {f.symbol.name: f for f in found}
@@ -59,7 +59,7 @@ def test_replacement_takes_the_named_function_and_its_imports_only() -> None:
 
 
 def test_splice_replaces_exactly_the_function_lines(functions: dict[str, HeldOutFunction]) -> None:
-    spliced = splice(MODULE, functions["double"], "def double(x: int) -> int:\n    return 2 * x\n")
+    spliced = splice(SHAPES_MODULE, functions["double"], "def double(x: int) -> int:\n    return 2 * x\n")
     tree = ast.parse(spliced)
     assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef)] == ["area", "double", "shout"]
     assert "result = x + x" not in spliced and "return math.pi * r * r" in spliced
