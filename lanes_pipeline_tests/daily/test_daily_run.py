@@ -113,5 +113,16 @@ def test_summary_says_zero_only_when_both_sides_agree() -> None:
         DAY, rows, LaneDeltas(cpu_prompt_tokens=0, cpu_generated_tokens=0, gpu_requests=9), served
     )
     assert not evaluated.asked_nothing
-    assert "(evaluation task scores, promotion smoke tests): 9" in render(evaluated)
+    assert "(executed evaluation tasks, promotion smoke tests): 9" in render(evaluated)
     assert "served no (lanes-current is not loaded)" in render(quiet)
+
+
+def test_summary_prints_the_days_learning_line_when_the_day_was_evaluated() -> None:
+    line = "learning 2026-11-02: served lanes-2026-11-02 repo_pass_rate 15% (base 10%)"
+    rows = [
+        AssetOutcome(asset="adapter_evaluation", partition=DAY, status="materialized",
+                     metadata={"promote": True, "learning": line}),
+    ]  # fmt: skip
+    summary = summarize_day(DAY, rows, LaneDeltas(), None)
+    assert f"  {line}  (the curve over the days: lanes report)" in render(summary).splitlines()
+    assert "learning" not in render(summarize_day(DAY, [], LaneDeltas(), None))
