@@ -62,7 +62,7 @@ from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_training
 from lanes_pipeline.gpu_lane.training.spec import LOSS_CURVE, TrainSpec, TrainSummary
 from lanes_pipeline.gpu_lane.training_window import dataset_root, fingerprint, load_split, window_dirs
 from lanes_pipeline.host import with_host_figures
-from lanes_pipeline.settings import ConfigError, Settings, TrainingConfig, data_dir
+from lanes_pipeline.settings import ConfigError, PipelineConfig, TrainingConfig, data_dir
 from lanes_pipeline.store import ArtifactStore
 
 GROUP, POOL = "gpu_lane", "gpu_lane"
@@ -284,15 +284,17 @@ def _decide(measured: Measured, config: TrainingConfig) -> Decision:
     )
 
 
-def executed_tasks(store: ArtifactStore, day: date, settings: Settings) -> ExecutedTasks:
-    """The day's held-out repository tasks (lora_dataset's held_out.json) and the HumanEval subset."""
+def executed_tasks(
+    store: ArtifactStore, day: date, config: TrainingConfig, pipeline: PipelineConfig
+) -> ExecutedTasks:
+    """The day's held-out repository tasks (lora_dataset's held_out.json) and the HumanEval subset; the
+    answers are asked in the dataset's chat format and run in the CPU lane's sandbox, one run each."""
     held = load_held_out(store, day.isoformat())
-    config = settings.training
     return ExecutedTasks(
         functions=day_tasks(held, config.evaluation.max_repo_tasks),
         problems=humaneval_problems(config),
-        system_prompt=settings.pipeline.dataset.system_prompt,
-        limits=settings.pipeline.cpu_assets.sandbox.model_copy(
+        system_prompt=pipeline.dataset.system_prompt,
+        limits=pipeline.cpu_assets.sandbox.model_copy(
             update={"timeout_s": config.evaluation.timeout_s, "runs": 1}
         ),
     )
@@ -336,7 +338,7 @@ def adapter_evaluation(
                 metadata={"candidate": "none", "promote": False, "no_adapter": outcome.reason, **learning}
             )
         candidate = registry.get(outcome.version)
-        tasks = executed_tasks(store, day, pipeline_settings.load())
+        tasks = executed_tasks(store, day, config, pipeline_settings.load().pipeline)
         inputs = measurement_inputs(config, tasks)
         # A re-run of the day (or a backfill over it) judges the figures already measured: the day's verdict
         # stands against the version that was current then, and the lanes are not asked again.

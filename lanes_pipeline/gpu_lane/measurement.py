@@ -166,6 +166,13 @@ def measure(
     losses, scored, unjudged = _eval_losses(
         context, candidate, current, config, lora_training.base_model_path(), dirs
     )
+    by_label = {"base": "base", "candidate": candidate.name} | ({"current": current.name} if current else {})
+    if not tasks.functions:
+        # Without held-out repository tasks the rule cannot promote (repo_pass_rate is unmeasured): vLLM is
+        # not asked for figures that could not change the decision.
+        context.log.warning("no held-out repository tasks for the day: the candidate cannot be promoted")
+        figures = {label: Figures(eval_loss=losses.get(model)) for label, model in by_label.items()}
+        return Measured(current_name, figures, {}, eval_samples=scored, unjudged=unjudged)
     with gpu_lane.vllm() as client:
         service = service_for(gpu_lane, adapter_registry, lora_training, client)
         served = {"base": gpu_lane.config.served_model_name, "candidate": candidate.name}
@@ -180,11 +187,10 @@ def measure(
                 f"{len(tasks.problems)} HumanEval problem(s)"
             )
             rates[label] = executed_pass_rates(client, name, tasks, config)
-    by_label = {"base": "base", "candidate": candidate.name} | ({"current": current.name} if current else {})
     figures = {
         label: Figures(
             eval_loss=losses.get(model),
-            repo_pass_rate=rates[label]["repo"].rate if tasks.functions else None,
+            repo_pass_rate=rates[label]["repo"].rate,
             humaneval_pass1=rates[label]["humaneval"].rate if tasks.problems else None,
         )
         for label, model in by_label.items()

@@ -20,7 +20,7 @@ from dagster import DagsterInstance, build_sensor_context, materialize
 
 from lanes_pipeline.cli.adapters import adapters as adapters_cli
 from lanes_pipeline.daily.jobs import rollback_adapter_job
-from lanes_pipeline.daily.resources import ArtifactStoreResource
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
@@ -96,6 +96,7 @@ def resources_for(root: Path, url: str, settings: Settings) -> dict[str, Any]:
         ),
         "adapter_registry": AdapterRegistryResource(adapters_dir=str(root / "adapters")),
         "artifact_store": ArtifactStoreResource(root=str(root / "artifacts")),
+        "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
     }
 
 

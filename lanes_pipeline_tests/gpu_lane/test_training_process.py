@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from dagster import DagsterInstance, MaterializeResult, asset, materialize
 
-from lanes_pipeline.daily.resources import ArtifactStoreResource
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.gpu_lane.client import VllmClient, asleep
@@ -247,6 +247,7 @@ def _offline_resources(settings: Settings, tmp_path: Path, **training: Any) -> d
         ),
         "adapter_registry": AdapterRegistryResource(adapters_dir=str(tmp_path / "adapters")),
         "artifact_store": ArtifactStoreResource(root=str(tmp_path / "artifacts")),
+        "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
     }
 
 
@@ -285,8 +286,9 @@ def test_a_window_without_enough_training_rows_is_a_day_without_adapter(
 def test_a_candidate_without_eval_rows_is_trained_but_not_promoted(
     settings: Settings, tmp_path: Path
 ) -> None:
-    """Training rows but no held-out rows: the day succeeds, the candidate is not promoted, the reason is
-    in the metadata and the registry; the eval subprocess and vLLM are not needed for that."""
+    """Training rows but no held-out rows (and no held-out repository tasks): the day succeeds, the
+    candidate is not promoted, the reasons are in the metadata and the registry; the eval subprocess and
+    vLLM are not needed for that (without repository tasks no figure could promote it)."""
     save_dataset(partition_dir(tmp_path / "artifacts", DAY), codename_rows(TRAIN_QUESTIONS), [])
     resources = _offline_resources(settings, tmp_path, max_steps=1, device="cpu")
     instance = DagsterInstance.ephemeral()
@@ -302,8 +304,9 @@ def test_a_candidate_without_eval_rows_is_trained_but_not_promoted(
     assert any(message.startswith("step 1/1 loss ") for message in logged), logged
     assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     evaluation = _metadata(result, "adapter_evaluation")
-    assert evaluation["promote"] is False and evaluation["judged"] is False
+    assert evaluation["promote"] is False and evaluation["eval_loss_judged"] is False
     assert "fewer than min_eval_rows" in evaluation["reasons"]
+    assert "repo_pass_rate was not measured (no held-out repository tasks)" in evaluation["reasons"]
     version = resources["adapter_registry"].registry().get(f"lanes-{DAY}")
     assert version.status == "rejected" and "min_eval_rows" in version.evaluation["unjudged"]
 
