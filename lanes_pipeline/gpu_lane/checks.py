@@ -25,7 +25,7 @@ from dagster import (
 
 from lanes_pipeline.daily.resources import ArtifactStoreResource
 from lanes_pipeline.errors import LaneError
-from lanes_pipeline.gpu_lane.assets import day_outcome
+from lanes_pipeline.gpu_lane.assets import DayAdapter, day_outcome
 from lanes_pipeline.gpu_lane.evaluation import Figures, promotion_decision
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.settings import TrainingConfig
@@ -64,6 +64,17 @@ def rule_disagrees(evaluation: dict, config: TrainingConfig) -> list[str]:
     return [] if decision.promote else decision.reasons
 
 
+def _day_evaluation(
+    context: AssetCheckExecutionContext,
+    adapter_registry: AdapterRegistryResource,
+    artifact_store: ArtifactStoreResource,
+) -> tuple[DayAdapter, dict]:
+    """The day's adapter outcome and its recorded evaluation (empty without an adapter)."""
+    registry = adapter_registry.registry()
+    outcome = day_outcome(artifact_store.store(), registry, date.fromisoformat(context.partition_key))
+    return outcome, registry.get(outcome.version).evaluation if outcome.version is not None else {}
+
+
 def build_gpu_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition]:
     """The checks, on the daily partitions that the definitions build from the configs at load time."""
 
@@ -77,11 +88,9 @@ def build_gpu_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefini
         adapter_registry: AdapterRegistryResource,
         artifact_store: ArtifactStoreResource,
     ) -> AssetCheckResult:
-        registry = adapter_registry.registry()
-        outcome = day_outcome(artifact_store.store(), registry, date.fromisoformat(context.partition_key))
+        outcome, evaluation = _day_evaluation(context, adapter_registry, artifact_store)
         if outcome.version is None:
             return AssetCheckResult(passed=True, metadata={"no_adapter": outcome.reason})
-        evaluation = registry.get(outcome.version).evaluation
         decision = evaluation.get("decision")
         if decision is None:
             return AssetCheckResult(
@@ -149,11 +158,9 @@ def build_gpu_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefini
         artifact_store: ArtifactStoreResource,
         lora_training: LoraTrainingResource,
     ) -> AssetCheckResult:
-        registry = adapter_registry.registry()
-        outcome = day_outcome(artifact_store.store(), registry, date.fromisoformat(context.partition_key))
+        outcome, evaluation = _day_evaluation(context, adapter_registry, artifact_store)
         if outcome.version is None:
             return AssetCheckResult(passed=True, metadata={"no_adapter": outcome.reason})
-        evaluation = registry.get(outcome.version).evaluation
         if not (evaluation.get("decision") or {}).get("promote"):
             return AssetCheckResult(passed=True, metadata={"candidate": outcome.version, "promoted": False})
         outside = rule_disagrees(evaluation, lora_training.config())
