@@ -23,8 +23,7 @@ from dagster import (
 from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.assets.dataset import HELD_OUT_FILE
 from lanes_pipeline.cpu_lane.dataset_writer import Record
-from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay
-from lanes_pipeline.cpu_lane.holdout import leaked
+from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, training_leaks
 from lanes_pipeline.cpu_lane.rows import AnalysisRow
 from lanes_pipeline.cpu_lane.safety import injection_markers, secret_findings
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
@@ -67,12 +66,7 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
         store, day = artifact_store.store(), context.partition_key
         held = HeldOutDay.model_validate(store.read_json("lora_dataset_report", day, HELD_OUT_FILE))
         train = [row.text() for row in _rows(artifact_store, day).get("train", [])]
-        leaks = [
-            f"{repo}: {symbol}"
-            for repo, bodies in sorted(held.bodies.items())
-            for symbol, body in sorted(bodies.items())
-            if any(leaked(text, [body]) for text in train)
-        ]
+        leaks = training_leaks(held, train)
         return AssetCheckResult(
             passed=not leaks,
             severity=AssetCheckSeverity.ERROR,

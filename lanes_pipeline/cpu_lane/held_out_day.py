@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from lanes_pipeline.cpu_lane.holdout import HeldOutFunction, calling_tests, held_out_symbols
+from lanes_pipeline.cpu_lane.holdout import HeldOutFunction, calling_tests, held_out_symbols, leaked
 from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
 from lanes_pipeline.cpu_lane.sandbox import Isolation, open_sandbox, run_pytest_outcomes
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at
@@ -32,6 +32,17 @@ class HeldOutDay(BaseModel):
     # looks for these in the training split.
     bodies: dict[str, dict[str, str]] = {}
     functions: list[HeldOutFunction] = []
+
+
+def training_leaks(held: HeldOutDay, train_texts: Sequence[str]) -> list[str]:
+    """`repo: symbol id` of each held-out symbol whose body a training row holds (the asset check wants
+    none)."""
+    return [
+        f"{repo}: {symbol}"
+        for repo, bodies in sorted(held.bodies.items())
+        for symbol, body in sorted(bodies.items())
+        if any(leaked(text, [body]) for text in train_texts)
+    ]
 
 
 def cpu_test_path(function: HeldOutFunction, index: int) -> str:

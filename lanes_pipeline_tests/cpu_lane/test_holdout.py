@@ -8,7 +8,7 @@ from datetime import date
 from pathlib import Path
 
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate
-from lanes_pipeline.cpu_lane.held_out_day import held_out_of_repo
+from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo, training_leaks
 from lanes_pipeline.cpu_lane.holdout import (
     body_text,
     calling_tests,
@@ -109,3 +109,12 @@ def test_a_day_keeps_only_held_out_functions_with_tests_that_pass_on_the_real_co
         by_name["double"].stub.startswith("def double(x: int) -> int:")
         and "Twice x." in by_name["double"].stub
     )
+
+
+def test_the_leak_check_finds_a_held_out_body_in_a_training_row_and_nothing_else() -> None:
+    by_name = {s.name: s for s in symbols()}
+    held = HeldOutDay(held_out_percent=50, bodies={"r": {by_name["double"].id: body_text(by_name["double"])}})
+    masked = mask(SHAPES_MODULE, [by_name["double"]])
+    assert training_leaks(held, [f"Explain this code:\n```python\n{masked}```"]) == []
+    leaking = f"Explain this code:\n```python\n{SHAPES_MODULE}```"
+    assert training_leaks(held, ["unrelated", leaking]) == ["r: shapes.py::double"]
