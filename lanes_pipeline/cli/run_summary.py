@@ -144,7 +144,10 @@ def _analysis(m: Mapping[str, Any]) -> str:
 
 def _tests(m: Mapping[str, Any]) -> str:
     f = GeneratedTestsFigures.read(m)
-    return f"{f.accepted} of {f.candidates} tests accepted"
+    return (
+        f"{f.accepted} of {f.candidates} tests accepted; coverage {f.symbols_with_accepted_test} of "
+        f"{f.symbols} symbols ({f.test_coverage:.0%})"
+    )
 
 
 def _diffs(m: Mapping[str, Any]) -> str:

@@ -211,6 +211,10 @@ class GeneratedTestsFigures(Figures):
     acceptance_rate: float = 0.0
     sandbox_runs: int = 0
     verdict_memo_hits: int = 0
+    # coverage of the day's repositories: symbols with an accepted test, all days so far
+    symbols: int = 0
+    symbols_with_accepted_test: int = 0
+    test_coverage: float = 0.0
 
 
 class RefactorFigures(Figures):

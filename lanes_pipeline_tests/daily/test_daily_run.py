@@ -12,8 +12,16 @@ from click.testing import CliRunner
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from lanes_pipeline.cli import main
-from lanes_pipeline.cli.run_summary import AssetOutcome, LaneDeltas, ServedState, render, summarize_day
+from lanes_pipeline.cli.run_summary import (
+    RESULTS,
+    AssetOutcome,
+    LaneDeltas,
+    ServedState,
+    render,
+    summarize_day,
+)
 from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.rows import GeneratedTestsFigures
 from lanes_pipeline.definitions import build_definitions
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.client import VllmClient
@@ -126,3 +134,10 @@ def test_summary_prints_the_days_learning_line_when_the_day_was_evaluated() -> N
     summary = summarize_day(DAY, rows, LaneDeltas(), None)
     assert f"  {line}  (the curve over the days: lanes report)" in render(summary).splitlines()
     assert "learning" not in render(summarize_day(DAY, [], LaneDeltas(), None))
+
+
+def test_summary_shows_the_test_coverage_of_the_days_repositories() -> None:
+    figures = GeneratedTestsFigures(candidates=6, accepted=2, symbols=40, symbols_with_accepted_test=9,
+                                    test_coverage=0.225)  # fmt: skip
+    described = RESULTS["generated_tests"](figures.metadata())
+    assert described == "2 of 6 tests accepted; coverage 9 of 40 symbols (22%)"
