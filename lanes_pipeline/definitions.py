@@ -15,7 +15,7 @@ from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.daily import lane_probes
 from lanes_pipeline.daily.jobs import JOBS
-from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
+from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily, with_training_window
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.daily.schedules import daily_schedule, lane_benchmarks_schedule
 from lanes_pipeline.gpu_lane import assets as gpu_lane
@@ -32,6 +32,7 @@ DAILY_MODULES = [snapshot, analysis, testgen, refactor, lora_dataset, gpu_lane]
 def daily_assets(settings: Settings) -> dict[str, AssetsDefinition]:
     """Every daily lane asset by name, on the configured partitions (tests materialize them directly)."""
     assets = partitioned_daily(load_assets_from_modules(DAILY_MODULES), daily_partitions(settings))  # type: ignore[arg-type]
+    assets = with_training_window(assets, settings.training.replay_window_days)
     return {asset.key.to_user_string(): asset for asset in assets}
 
 

@@ -159,9 +159,8 @@ def _too_few_rows(rows: int, dirs: list[Path], config: TrainingConfig) -> str:
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
-    # It reads replay_window_days of lora_dataset but declares the same day only: a TimeWindowPartitionMapping
-    # of the window makes Dagster's asset backfills run each day's GPU chain apart from (after) the day's
-    # CPU-lane run, so a backfill is no longer one run per day (seen in test_daily_backfill).
+    # The window of days it reads (TimeWindowPartitionMapping of replay_window_days) is declared when the
+    # definitions load: see `with_training_window` in daily/partitions.py.
     deps=[LORA_DATASET],
     description="PEFT LoRA trained in a subprocess (Dagster Pipes) on the window of lora_dataset days; a new "
     "version folder, or no adapter today (too few training rows) with the reason.",

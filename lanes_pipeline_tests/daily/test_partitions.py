@@ -1,0 +1,34 @@
+"""lora_adapter declares the replay window of lora_dataset it reads, as a time-window partition mapping
+with the window from configs/training.yaml, when the definitions load. Fast: nothing runs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dagster import AssetKey, TimeWindowPartitionMapping
+
+from lanes_pipeline.definitions import daily_assets
+from lanes_pipeline.settings import Settings
+
+DATASET = AssetKey("lora_dataset")
+
+
+def _window(settings: Settings) -> TimeWindowPartitionMapping:
+    adapter = daily_assets(settings)["lora_adapter"]
+    mapping = adapter.get_partition_mapping(DATASET)
+    assert isinstance(mapping, TimeWindowPartitionMapping)
+    return mapping
+
+
+def test_lora_adapter_declares_the_configured_window_of_lora_dataset(settings: Settings) -> None:
+    days = settings.training.replay_window_days
+    mapping = _window(settings)
+    assert (mapping.start_offset, mapping.end_offset) == (-(days - 1), 0)
+    assert mapping.allow_nonexistent_upstream_partitions
+    three = replace(settings, training=settings.training.model_copy(update={"replay_window_days": 3}))
+    assert _window(three).start_offset == -2
+    # The other lane assets keep their same-day dependencies.
+    evaluation = daily_assets(settings)["adapter_evaluation"]
+    assert not isinstance(
+        evaluation.get_partition_mapping(AssetKey("lora_adapter")), TimeWindowPartitionMapping
+    )
