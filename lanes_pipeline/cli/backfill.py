@@ -1,7 +1,10 @@
-"""`lanes backfill --from A --to B`: the days the machine was off, as the UI's "Materialize" of a partition
-range would submit them: one asset backfill on the project's instance, which the daemon (`make dev`) runs.
+"""`lanes backfill --from A --to B`: the days the machine was off, as the UI's backfill of a partition range
+of the `daily_lanes` job would submit them: one job backfill on the project's instance, which the daemon
+(`make dev`) runs.
 
-Day order: the backfill daemon requests one run per day, oldest first, into a first-in-first-out queue, and
+One run per day, in day order: a job backfill's runs each hold the whole job for their day (an asset
+backfill would plan runs by the assets' partition mappings, and lora_adapter's replay window splits the GPU
+chain off the day's CPU-lane run); the daemon submits them oldest first into a first-in-first-out queue, and
 dagster.yaml lets one backfill run through at a time: day D is trained, judged and promoted before day D+1's
 run starts.
 """
@@ -37,13 +40,12 @@ def day_range(first: date, last: date) -> list[str]:
     return [(first + timedelta(days=n)).isoformat() for n in range((last - first).days + 1)]
 
 
-# How the backfill is submitted, with public Dagster APIs only. Dagster's own Python constructor of an asset
-# backfill is private; `dagster job backfill` submits every day's run at once as a job backfill (no asset
-# backfill status to wait for); `DagsterGraphQLClient` needs a running webserver, and `make dev` may not run
-# one (the daemon alone runs backfills). The `dagster-graphql` CLI runs the UI's own mutation,
-# `launchPartitionBackfill`, against the workspace in a process of its own, on the instance of
-# DAGSTER_HOME: the same asset backfill the UI's "Materialize" of a partition range submits, which the
-# daemon then turns into one run per day, oldest first.
+# How the backfill is submitted, with public Dagster APIs only. Dagster's Python constructors of backfills
+# are private; `dagster job backfill` submits every day's run at once (no backfill for the daemon to order);
+# `DagsterGraphQLClient` needs a running webserver, and `make dev` may not run one (the daemon alone runs
+# backfills). The `dagster-graphql` CLI runs the UI's own mutation, `launchPartitionBackfill`, against the
+# workspace in a process of its own, on the instance of DAGSTER_HOME: with a partition set selector it is the
+# job backfill the UI's Partitions page of daily_lanes launches.
 LAUNCH_BACKFILL = """
 mutation LanesBackfill($params: LaunchBackfillParams!) {
   launchPartitionBackfill(backfillParams: $params) {
@@ -56,19 +58,38 @@ mutation LanesBackfill($params: LaunchBackfillParams!) {
 """
 # Loading the workspace starts a code server; a stopped submission stops it too.
 SUBMIT_GRACE_S = 10.0
+# Where Dagster finds daily_lanes: workspace.yaml's location, the default repository of a Definitions, and
+# the partition set Dagster names after a partitioned job.
+LOCATION_NAME = "lanes_pipeline"
+REPOSITORY_NAME = "__repository__"
+PARTITION_SET_SUFFIX = "_partition_set"
 
 
-def daily_asset_keys(days: list[str]) -> list[list[str]]:
-    """Every daily (partitioned) asset of daily_lanes, which selects every asset, as GraphQL asset keys;
-    `days` must be daily partitions already."""
+def check_days(days: list[str]) -> None:
+    """`days` must be partitions of daily_lanes already (none after the latest completed day)."""
     from lanes_pipeline import definitions  # read at call time: tests swap in their own definitions
 
-    specs = [spec for spec in definitions.defs().resolve_all_asset_specs() if spec.partitions_def is not None]
-    known = set(specs[0].partitions_def.get_partition_keys())  # type: ignore[union-attr]
-    unknown = set(days) - known
+    job = definitions.defs().resolve_job_def(DAILY_JOB)
+    assert job.partitions_def is not None, f"{DAILY_JOB} has no partitions"
+    unknown = set(days) - set(job.partitions_def.get_partition_keys())
     if unknown:
         raise click.BadParameter(f"not daily partitions (yet): {', '.join(sorted(unknown))}")
-    return [list(spec.key.path) for spec in specs]
+
+
+def backfill_params(days: list[str], title: str) -> dict[str, Any]:
+    """launchPartitionBackfill's parameters for a backfill of the daily_lanes job over `days`."""
+    return {
+        "selector": {
+            "partitionSetName": DAILY_JOB + PARTITION_SET_SUFFIX,
+            "repositorySelector": {
+                "repositoryLocationName": LOCATION_NAME,
+                "repositoryName": REPOSITORY_NAME,
+            },
+        },
+        "partitionNames": days,
+        "title": title,
+        "description": f"lanes backfill of {len(days)} day(s) of {DAILY_JOB}",
+    }
 
 
 def _dagster_graphql() -> str:
@@ -80,17 +101,12 @@ def _dagster_graphql() -> str:
 
 
 def submit_backfill(project_root: Path, days: list[str], title: str) -> str:
-    """Submit an asset backfill of every daily asset of daily_lanes for `days`; return its id."""
-    params = {
-        "partitionNames": days,
-        "assetSelection": [{"path": path} for path in daily_asset_keys(days)],
-        "title": title,
-        "description": f"lanes backfill of {len(days)} day(s) of {DAILY_JOB}",
-    }
+    """Submit a backfill of the daily_lanes job for `days`; return its id."""
+    check_days(days)
     with tempfile.TemporaryDirectory(prefix="lanes-backfill-") as tmp:
         answer_path, log_path = Path(tmp) / "answer.json", Path(tmp) / "graphql.log"
         argv = [_dagster_graphql(), "-w", "workspace.yaml", "-t", LAUNCH_BACKFILL]
-        argv += ["-v", json.dumps({"params": params}), "-o", str(answer_path)]
+        argv += ["-v", json.dumps({"params": backfill_params(days, title)}), "-o", str(answer_path)]
         with (
             log_path.open("wb") as log,
             child_group(argv, cwd=project_root, grace_s=SUBMIT_GRACE_S, stdout=log) as child,
@@ -112,7 +128,7 @@ def backfill_id_from(answer: dict[str, Any]) -> str:
     result = answer["data"]["launchPartitionBackfill"]
     if result["__typename"] == "LaunchBackfillSuccess":
         return str(result["backfillId"])
-    detail = result.get("message") or result["__typename"]
+    detail = result.get("message") or result.get("partitionKeys") or result["__typename"]
     raise click.ClickException(f"Dagster refused the backfill ({result['__typename']}): {detail}")
 
 
@@ -124,22 +140,29 @@ def daemons_alive() -> bool:
     return all(name in beats and now - beats[name].timestamp < HEARTBEAT_FRESH_S for name in NEEDED_DAEMONS)
 
 
-def wait_for(backfill_id: str, poll_s: float = 5.0) -> str:
-    """Block until the backfill ends; print each change of its runs; return its final status."""
-    from dagster import DagsterInstance, RunsFilter
+def wait_for(backfill_id: str, poll_s: float = 5.0) -> tuple[str, list[str]]:
+    """Block until the backfill has ended and every run of it has finished (a job backfill can say it
+    completed once its runs are submitted); print each change of its runs. Return its final status and the
+    runs that did not succeed ("<day> <status>")."""
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
     instance = DagsterInstance.get()
     seen: dict[str, str] = {}
     while True:
         backfill = instance.get_backfill(backfill_id)
-        assert backfill is not None
-        for run in instance.get_runs(RunsFilter(tags={BACKFILL_ID_TAG: backfill_id})):
+        if backfill is None:
+            raise click.ClickException(
+                f"backfill {backfill_id} is not on this instance ({instance.root_directory})"
+            )
+        runs = instance.get_runs(RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))
+        for run in runs:
             state = f"{run.tags.get('dagster/partition', '?')} {run.status.value}"
             if seen.get(run.run_id) != state:
                 seen[run.run_id] = state
                 click.echo(f"  run {run.run_id[:8]}: {state}")
-        if backfill.status.value in TERMINAL:
-            return backfill.status.value
+        if backfill.status.value in TERMINAL and all(run.is_finished for run in runs):
+            failed = [seen[run.run_id] for run in runs if run.status != DagsterRunStatus.SUCCESS]
+            return backfill.status.value, failed
         time.sleep(poll_s)
 
 
@@ -148,7 +171,8 @@ def wait_for(backfill_id: str, poll_s: float = 5.0) -> str:
 @click.option("--to", "last", type=click.DateTime(["%Y-%m-%d"]), required=True, help="last day (included)")
 @click.option("--wait", is_flag=True, help="block until the backfill has finished, printing its runs")
 def backfill(first: datetime, last: datetime, wait: bool) -> None:
-    """Backfill daily_lanes for the days FROM..TO (e.g. the days the machine was off); `make dev` runs it."""
+    """Backfill the daily_lanes job for the days FROM..TO (e.g. the days the machine was off), one run per
+    day in day order; `make dev` runs it."""
     stop_like_ctrl_c()  # SIGTERM / SIGHUP: the submission's processes stop, as on Ctrl-C
     try:
         settings = load_settings()
@@ -163,11 +187,14 @@ def backfill(first: datetime, last: datetime, wait: bool) -> None:
         click.echo("  no Dagster daemon has reported on this instance lately: it runs once `make dev` is up")
     if wait:
         try:
-            status = wait_for(backfill_id)
+            status, failed = wait_for(backfill_id)
         except KeyboardInterrupt:
             # Only the waiting stops: the backfill belongs to the instance, and the daemon goes on with it.
             click.echo(f"stopped waiting; backfill {backfill_id} goes on (Overview > Backfills)", err=True)
             raise click.exceptions.Exit(130) from None
         click.echo(f"backfill {backfill_id}: {status}")
-        if status != "COMPLETED_SUCCESS":
-            raise click.ClickException(f"backfill {backfill_id} ended {status}; see Overview > Backfills")
+        if status != "COMPLETED_SUCCESS" or failed:
+            runs = f"; runs that did not succeed: {', '.join(failed)}" if failed else ""
+            raise click.ClickException(
+                f"backfill {backfill_id} ended {status}{runs}; see Overview > Backfills"
+            )

@@ -1,7 +1,9 @@
 """A backfill of three missed days through the daemon path, as a user runs it: `dagster-daemon run` on the
-project's instance, then `lanes backfill --from --to --wait` (the README's command; the same asset backfill
-the UI submits). The backfill completes, every day's assets are materialized, and training, evaluation and
-promotion happen in day order: day D's adapter is trained, judged and served before day D+1's is trained."""
+project's instance, then `lanes backfill --from --to --wait` (the README's command; the same backfill of the
+daily_lanes job the UI's Partitions page submits). The backfill completes, every day's assets are
+materialized in that day's one run (lora_adapter's replay window mapping notwithstanding), and training,
+evaluation and promotion happen in day order: day D's adapter is trained, judged and served before day
+D+1's is trained."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
+from dagster import AssetKey, DagsterEventType, DagsterInstance, EventLogRecord, EventRecordsFilter
 
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.settings import Settings, project_root
@@ -69,14 +71,21 @@ def project(
     return daily_project(tmp_path, settings, cpu_server.url, gpu_server.url, training={"max_steps": 2})
 
 
-def _materializations(instance: DagsterInstance, asset: str) -> dict[str, float]:
-    """partition -> timestamp of its (last) materialization."""
+def _records(instance: DagsterInstance, asset: str) -> list[EventLogRecord]:
     records = instance.get_event_records(
         EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=AssetKey(asset))
     )
-    return {
-        r.partition_key: r.timestamp for r in sorted(records, key=lambda r: r.timestamp) if r.partition_key
-    }
+    return sorted((r for r in records if r.partition_key), key=lambda r: r.timestamp)
+
+
+def _materializations(instance: DagsterInstance, asset: str) -> dict[str, float]:
+    """partition -> timestamp of its (last) materialization."""
+    return {r.partition_key: r.timestamp for r in _records(instance, asset) if r.partition_key}
+
+
+def _materializing_runs(instance: DagsterInstance, asset: str) -> dict[str, str]:
+    """partition -> id of the run of its (last) materialization."""
+    return {r.partition_key: r.run_id for r in _records(instance, asset) if r.partition_key}
 
 
 @pytest.mark.timeout(2400)  # three days of work through the daemon on 2 shared cores
@@ -111,6 +120,7 @@ def test_backfill_of_three_missed_days_runs_them_in_day_order(
     monkeypatch.setenv("DAGSTER_HOME", str(project.dagster_home))
     with DagsterInstance.get() as instance:
         done = {asset: _materializations(instance, asset) for asset in EVERY_DAY}
+        made_by = {asset: _materializing_runs(instance, asset) for asset in EVERY_DAY}
         [backfill] = instance.get_backfills()
         records = sorted(instance.get_run_records(), key=lambda record: record.create_timestamp)
     runs = [record.dagster_run for record in records]
@@ -122,5 +132,12 @@ def test_backfill_of_three_missed_days_runs_them_in_day_order(
     assert [run.tags["dagster/partition"] for run in runs] == list(DAYS)  # one run per day, oldest first
     assert backfill.status.value == "COMPLETED_SUCCESS"
     assert all(run.tags.get("dagster/backfill") == backfill.backfill_id for run in runs)
+    # Each day's whole job in that day's run: the GPU chain is not split off by lora_adapter's window mapping.
+    assert all(run.job_name == "daily_lanes" for run in runs)
+    run_of_day = {run.tags["dagster/partition"]: run.run_id for run in runs}
+    for asset, runs_by_day in made_by.items():
+        assert runs_by_day == run_of_day, (
+            f"{asset}: materialized in runs {runs_by_day}, days' runs {run_of_day}"
+        )
     took = time.monotonic() - started
     print(f"backfill of {len(DAYS)} days in {took:.0f} s, {len(runs)} runs:\n{result.stdout}")
