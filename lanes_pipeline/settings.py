@@ -176,7 +176,9 @@ def default_config_dir() -> Path:
 
 def data_dir() -> Path:
     """Artifacts, engines, logs and converted models: one folder, ignored by git."""
-    return Path(os.environ.get("LANES_DATA_DIR", project_root() / "data"))
+    # Absolute: the embedded servers run in their log folder, and ik's llama-server writes llama.log in its
+    # working directory.
+    return Path(os.environ.get("LANES_DATA_DIR", project_root() / "data")).absolute()
 
 
 _MODELS: dict[str, type[StrictModel]] = {

@@ -181,6 +181,7 @@ class EmbeddedServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **self.command.env},
+            cwd=self.log_path.parent,  # ik's llama-server writes llama.log into its working directory
             start_new_session=True,  # its own process group: stop() reaches vLLM's engine core too
         )
         log.close()
