@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import psutil
-from dagster import MaterializeResult
+from dagster import Failure, MaterializeResult
 
 SAMPLE_S = 1.0
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,12 +94,25 @@ def _with(result: Any, figures: dict[str, float | int]) -> Any:
     )
 
 
+# Set by `lanes run` / `lanes serve` when SIGTERM or SIGHUP arrives (cli/stopping.py). Dagster fails the
+# step that was executing as interrupted and, with a retry policy, starts it again at once: a step that
+# starts after the stop refuses to run, for good, so the run ends instead of going on.
+STOP_REQUESTED = threading.Event()
+
+
+def refuse_after_stop() -> None:
+    if STOP_REQUESTED.is_set():
+        raise Failure("the command was asked to stop (SIGTERM or SIGHUP): step not run", allow_retries=False)
+
+
 def with_host_figures(fn: F) -> F:
-    """Add `host/...` figures of the step to the asset's MaterializeResult(s); signature kept for Dagster."""
+    """Add `host/...` figures of the step to the asset's MaterializeResult(s); signature kept for Dagster.
+    A step that starts after a stop signal does not run (`refuse_after_stop`)."""
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
         def generator(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            refuse_after_stop()
             sampler = HostSampler().start()
             try:
                 for item in fn(*args, **kwargs):
@@ -111,6 +124,7 @@ def with_host_figures(fn: F) -> F:
 
     @functools.wraps(fn)
     def function(*args: Any, **kwargs: Any) -> Any:
+        refuse_after_stop()
         sampler = HostSampler().start()
         try:
             result = fn(*args, **kwargs)

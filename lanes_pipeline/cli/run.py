@@ -20,6 +20,7 @@ from lanes_pipeline.daily.instance import in_process_run_tags, prepare_instance,
 from lanes_pipeline.embedded.servers import LANE_LABEL, LaneEndpoints, LaneName, running_lanes
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.client import VllmClient
+from lanes_pipeline.host import STOP_REQUESTED
 from lanes_pipeline.settings import ConfigError, Settings, load_settings
 
 DAILY_JOB = "daily_lanes"
@@ -126,6 +127,8 @@ def stop_if_interrupted(result: Any) -> None:
     """Ctrl-C, SIGTERM or SIGHUP during `execute_in_process` stop the run at its next checkpoint, and Dagster
     records it as failed for an unexpected termination and returns (raise_on_error=False) instead of raising:
     the command must stop there too, not go on with the day."""
+    if STOP_REQUESTED.is_set():  # a stop signal: the run ended early, whatever Dagster calls it
+        raise KeyboardInterrupt
     for event in result.all_events:  # a run that did not fail has no failure event
         reason = getattr(event.job_failure_data, "failure_reason", None) if event.is_run_failure else None
         if reason is not None and reason.value == "UNEXPECTED_TERMINATION":

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from lanes_pipeline.host import STOP_REQUESTED
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -38,6 +40,7 @@ def stop_like_ctrl_c() -> None:
 
 
 def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    STOP_REQUESTED.set()  # no step starts any more, a retried one included (host.refuse_after_stop)
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
         handler(signal.SIGINT, frame)

@@ -7,17 +7,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 from dagster import (
     AssetExecutionContext,
     DagsterInstance,
     DailyPartitionsDefinition,
+    Failure,
     MaterializeResult,
     asset,
     materialize,
 )
 
 from lanes_pipeline.daily.resources import ArtifactStoreResource
-from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.host import STOP_REQUESTED, with_host_figures
 
 DAYS = DailyPartitionsDefinition(start_date="2026-11-01")
 
@@ -59,3 +61,20 @@ def test_each_step_gets_host_cpu_and_memory_figures(tmp_path: Path) -> None:
     assert busy["host/process_peak_rss_mb"] >= 64
     assert busy["host/step_wall_s"] >= 1.5
     assert figures["yielding_step"]["host/step_wall_s"] < 1.5 and "host/cpu_count" in figures["yielding_step"]
+
+
+def test_a_step_that_starts_after_a_stop_signal_refuses_to_run_for_good() -> None:
+    calls = []
+
+    @with_host_figures
+    def step() -> None:
+        calls.append(1)
+
+    step()
+    STOP_REQUESTED.set()
+    try:
+        with pytest.raises(Failure, match="asked to stop") as raised:
+            step()
+        assert raised.value.allow_retries is False and calls == [1]
+    finally:
+        STOP_REQUESTED.clear()
