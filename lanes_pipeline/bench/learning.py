@@ -186,10 +186,10 @@ def run_once(settings: Settings) -> dict[str, Any]:
             served = points[-1].served if points else "base"
             model = fresh.lanes.gpu_lane.served_model_name if served == "base" else gpu_alias(fresh)
             humaneval = _full_humaneval(fresh, gpu.url, model)
+            out = summarize(points, registry, humaneval)  # the registry lives in the temporary folder
         finally:
             gpu.stop()
             cpu.stop()
-    out = summarize(points, registry, humaneval)
     out["failed_days"] = failed
     out["markdown"] = markdown_table(points) if points else "no day was evaluated"
     return out
