@@ -268,8 +268,10 @@ def test_day1_runs_in_full_and_leaves_hostile_files_out(runs: dict[str, Any]) ->
         assert item["verdict"] in TEST_VERDICTS | DIFF_VERDICTS
         assert item["verdict"] in {"passed", "accepted"} or item["reason"]
     assert day1.checks["lora_dataset_has_no_secrets"] is True
+    assert day1.checks["lora_dataset_holds_out_symbols"] is True  # no held-out body in a training row
     assert set(day1.checks) == {
         "lora_dataset_has_rows",
+        "lora_dataset_holds_out_symbols",
         "lora_dataset_has_no_secrets",
         "repo_analysis_parse_rate",
     }
