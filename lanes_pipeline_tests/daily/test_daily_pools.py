@@ -138,7 +138,8 @@ def test_a_killed_run_does_not_hold_the_gpu_pool(project_instance: DagsterInstan
             release_orphaned_runs(project_instance)
             waiting.join(120)
     home = Path(os.environ["DAGSTER_HOME"])
-    deadline = time.monotonic() + 10
+    # The tails end when Dagster's watcher sees their step end; on two busy cores that took over 10 s once.
+    deadline = time.monotonic() + 30
     while compute_log_tails(home) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert compute_log_tails(home) == []
