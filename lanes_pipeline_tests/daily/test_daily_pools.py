@@ -7,6 +7,7 @@ and a new gpu_lane step runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -14,19 +15,17 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus, Definitions, asset, define_asset_job
+from dagster import DagsterInstance, DagsterRunStatus
 
 from lanes_pipeline.daily.instance import (
     GPU_POOL,
     apply_pool_limits,
-    in_process_run_tags,
     orphaned_runs,
     pool_limits,
     release_orphaned_runs,
@@ -73,19 +72,39 @@ def test_pool_limits_come_from_the_configs(settings: Settings, project_instance:
     assert project_instance.event_log_storage.get_concurrency_info(GPU_POOL).slot_count == 1
 
 
-def start_gpu_step(instance: DagsterInstance) -> threading.Thread:
-    """A new run with one gpu_lane step, in a thread (alive until the run has finished)."""
+QUICK = textwrap.dedent(
+    """
+    from dagster import DagsterInstance, Definitions, asset, define_asset_job
+    from lanes_pipeline.daily.instance import in_process_run_tags
 
     @asset(pool="gpu_lane")
     def quick_gpu_step() -> None:
         return None
 
     job = Definitions(assets=[quick_gpu_step], jobs=[define_asset_job("quick", "*")]).resolve_job_def("quick")
-    thread = threading.Thread(
-        target=lambda: job.execute_in_process(instance=instance, tags=in_process_run_tags()), daemon=True
-    )
-    thread.start()
-    return thread
+    job.execute_in_process(instance=DagsterInstance.get(), tags=in_process_run_tags())
+    """
+)
+
+
+class Waiting:
+    """A new run with one gpu_lane step in a process of its own, as `lanes run` runs it (a thread of the
+    test process inherited its signal state: its step's `tail -F` once ignored Dagster's SIGTERM)."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", QUICK], env=os.environ.copy())
+
+    def join(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=timeout)
+
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def start_gpu_step(instance: DagsterInstance) -> Waiting:
+    """A new run with one gpu_lane step (alive until it has finished), on the instance of DAGSTER_HOME."""
+    return Waiting()
 
 
 def compute_log_tails(home: Path) -> list[str]:
@@ -122,8 +141,18 @@ def test_a_killed_run_does_not_hold_the_gpu_pool(project_instance: DagsterInstan
     assert project_instance.get_run_by_id(held_by).status == DagsterRunStatus.STARTED  # type: ignore[union-attr]
     waiting = start_gpu_step(project_instance)
     try:
+        # Its run has started and stays blocked on the slot (not merely still importing).
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not [
+            r
+            for r in project_instance.get_runs()
+            if r.job_name == "quick" and r.status == DagsterRunStatus.STARTED
+        ]:
+            time.sleep(0.5)
         waiting.join(5)
         assert waiting.is_alive()
+        [quick] = [r for r in project_instance.get_runs() if r.job_name == "quick"]
+        assert quick.status == DagsterRunStatus.STARTED
 
         assert release_orphaned_runs(project_instance) == [held_by]  # what `lanes run` / `lanes dev` do first
         assert project_instance.get_run_by_id(held_by).status == DagsterRunStatus.FAILURE  # type: ignore[union-attr]
