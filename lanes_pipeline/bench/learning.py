@@ -111,7 +111,11 @@ def _full_humaneval(settings: Settings, gpu_url: str, served: str) -> dict[str, 
     system = settings.pipeline.dataset.system_prompt
     rates = {}
     with VllmClient(gpu_url, timeout_s=600) as client:
-        for label, model in (("base", settings.lanes.gpu_lane.served_model_name), ("served", served)):
+        base = settings.lanes.gpu_lane.served_model_name
+        for label, model in (("base", base), ("served", served)):
+            if label == "served" and model == base:  # nothing promoted: the alias serves the base itself
+                rates[label] = rates["base"]
+                continue
             rate = humaneval_pass1(client, model, problems, config, limits, system)
             rates[label] = rate.rate
             print(

@@ -21,9 +21,8 @@ from dagster import (
 )
 
 from lanes_pipeline.cpu_lane.assets.common import read_results
-from lanes_pipeline.cpu_lane.assets.dataset import HELD_OUT_FILE
 from lanes_pipeline.cpu_lane.dataset_writer import Record
-from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, training_leaks
+from lanes_pipeline.cpu_lane.held_out_day import load_held_out, training_leaks
 from lanes_pipeline.cpu_lane.rows import AnalysisRow
 from lanes_pipeline.cpu_lane.safety import injection_markers, secret_findings
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
@@ -64,7 +63,9 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
         context: AssetCheckExecutionContext, artifact_store: ArtifactStoreResource
     ) -> AssetCheckResult:
         store, day = artifact_store.store(), context.partition_key
-        held = HeldOutDay.model_validate(store.read_json("lora_dataset_report", day, HELD_OUT_FILE))
+        held = load_held_out(store, day)
+        if held is None:
+            raise FileNotFoundError(f"lora_dataset wrote no held-out list for {day}: materialize it again")
         train = [row.text() for row in _rows(artifact_store, day).get("train", [])]
         leaks = training_leaks(held, train)
         return AssetCheckResult(

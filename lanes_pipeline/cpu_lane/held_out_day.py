@@ -20,8 +20,11 @@ from lanes_pipeline.cpu_lane.sandbox import Isolation, open_sandbox, run_pytest_
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at
 from lanes_pipeline.cpu_lane.symbols import Symbol, stub
 from lanes_pipeline.settings import SandboxLimits
+from lanes_pipeline.store import ArtifactStore
 
 CPU_TESTS_DIR = "tests/lanes_held_out"  # where the CPU lane's accepted tests are placed to run
+# Written by lora_dataset: the day's held-out functions, read by the leak check and the GPU evaluation.
+HELD_OUT_ASSET, HELD_OUT_FILE = "lora_dataset_report", "held_out.json"
 
 
 class HeldOutDay(BaseModel):
@@ -32,6 +35,17 @@ class HeldOutDay(BaseModel):
     # looks for these in the training split.
     bodies: dict[str, dict[str, str]] = {}
     functions: list[HeldOutFunction] = []
+
+
+def load_held_out(store: ArtifactStore, day: str) -> HeldOutDay | None:
+    """The day's held-out functions as lora_dataset wrote them; None when it wrote none (an older run)."""
+    if not store.exists(HELD_OUT_ASSET, day, HELD_OUT_FILE):
+        return None
+    where = store.folder(HELD_OUT_ASSET, day) / HELD_OUT_FILE
+    try:
+        return HeldOutDay.model_validate(store.read_json(HELD_OUT_ASSET, day, HELD_OUT_FILE))
+    except ValueError as exc:
+        raise ValueError(f"{where}: not a held-out task list: {exc}") from exc
 
 
 def training_leaks(held: HeldOutDay, train_texts: Sequence[str]) -> list[str]:

@@ -28,6 +28,7 @@ from dagster import (
 )
 from pydantic import BaseModel
 
+from lanes_pipeline.cpu_lane.held_out_day import load_held_out
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.errors import LaneError
@@ -51,7 +52,7 @@ from lanes_pipeline.gpu_lane.measurement import (
     measurement_inputs,
     recorded,
 )
-from lanes_pipeline.gpu_lane.repo_tasks import day_tasks, load_held_out
+from lanes_pipeline.gpu_lane.repo_tasks import day_tasks
 from lanes_pipeline.gpu_lane.resources import (
     AdapterRegistryResource,
     GpuLaneResource,

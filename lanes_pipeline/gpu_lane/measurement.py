@@ -136,13 +136,12 @@ def executed_pass_rates(
 ) -> dict[str, PassRate]:
     """repo_pass_rate and HumanEval pass@1 of one served model name."""
     evaluation = config.evaluation
+    by_name = {task_name(f): f for f in tasks.functions}
     repo = pass_rate(
         client,
         served,
         [body_task(f, tasks.system_prompt) for f in tasks.functions],
-        lambda task, answer: judge_body(
-            next(f for f in tasks.functions if task_name(f) == task.name), answer, tasks.limits
-        ),
+        lambda task, answer: judge_body(by_name[task.name], answer, tasks.limits),
         evaluation.max_tokens,
         evaluation.workers,
     )

@@ -16,20 +16,6 @@ from lanes_pipeline.cpu_lane.holdout import HeldOutFunction
 from lanes_pipeline.cpu_lane.sandbox import Isolation, open_sandbox, run_pytest_outcomes
 from lanes_pipeline.gpu_lane.code_tasks import CodeTask, TaskOutcome, extract_code
 from lanes_pipeline.settings import SandboxLimits
-from lanes_pipeline.store import ArtifactStore
-
-HELD_OUT_ASSET, HELD_OUT_FILE = "lora_dataset_report", "held_out.json"
-
-
-def load_held_out(store: ArtifactStore, day: str) -> HeldOutDay | None:
-    """The day's held-out functions as lora_dataset wrote them; None when it wrote none (an older run)."""
-    if not store.exists(HELD_OUT_ASSET, day, HELD_OUT_FILE):
-        return None
-    where = store.folder(HELD_OUT_ASSET, day) / HELD_OUT_FILE
-    try:
-        return HeldOutDay.model_validate(store.read_json(HELD_OUT_ASSET, day, HELD_OUT_FILE))
-    except ValueError as exc:
-        raise ValueError(f"{where}: not a held-out task list: {exc}") from exc
 
 
 def task_name(function: HeldOutFunction) -> str:

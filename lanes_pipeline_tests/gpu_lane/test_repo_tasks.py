@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo
+from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo, load_held_out
 from lanes_pipeline.cpu_lane.holdout import HeldOutFunction
 from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation
@@ -17,7 +17,6 @@ from lanes_pipeline.gpu_lane.repo_tasks import (
     body_task,
     day_tasks,
     judge_body,
-    load_held_out,
     replacement,
     splice,
 )

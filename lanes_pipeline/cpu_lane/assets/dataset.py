@@ -19,7 +19,7 @@ from lanes_pipeline.cpu_lane.assets.common import (
 )
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, load_token_counter, save_dataset, shape
-from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo
+from lanes_pipeline.cpu_lane.held_out_day import HELD_OUT_FILE, HeldOutDay, held_out_of_repo
 from lanes_pipeline.cpu_lane.holdout import body_text, route
 from lanes_pipeline.cpu_lane.repos import Snapshot, read_blobs
 from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, GeneratedTestRow, RefactorRow
@@ -31,8 +31,6 @@ from lanes_pipeline.gpu_lane import training_window as dataset_window
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.settings import EMBEDDED, Settings
 from lanes_pipeline.store import sha256_tree
-
-HELD_OUT_FILE = "held_out.json"  # in lora_dataset_report/<day>/: the GPU lane's repository tasks
 
 
 def explanation(analysis: FileAnalysis) -> str:
