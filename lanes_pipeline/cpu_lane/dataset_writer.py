@@ -3,8 +3,8 @@ GPU-lane base model's length with its own tokenizer, rows of held-out symbols in
 with `datasets`.
 
 Dataset contract (read by the GPU lane's trainer, see dataset_window.py): per day a `DatasetDict` with
-splits "train" and "eval"; rows have `messages` (system / user / assistant), `task` ("explain" |
-"write_tests" | "refactor_diff") and `content_hash` (sha256 of the canonical messages and task).
+splits "train" and "eval"; rows have `messages` (system / user / assistant),
+`task` (one of TASKS) and `content_hash` (sha256 of the canonical messages and task).
 
 Everything here is pure except `load_token_counter` and `save_dataset`; the order of every step is fixed, so
 equal inputs give equal rows and byte-identical files.
@@ -22,12 +22,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from lanes_pipeline.cpu_lane.safety import injection_markers, secret_findings
 from lanes_pipeline.store import canonical_json, sha256_bytes
 
-Task = Literal["explain", "write_tests", "refactor_diff"]
-TASKS: tuple[Task, ...] = ("explain", "write_tests", "refactor_diff")
+Task = Literal["explain", "write_tests", "refactor_diff", "write_body", "write_docs"]
+TASKS: tuple[Task, ...] = ("explain", "write_tests", "refactor_diff", "write_body", "write_docs")
+# `{name}` and `{path}` are the candidate's symbol and file. "write_body" is word for word the request the
+# GPU lane's held-out repository tasks send (gpu_lane/repo_tasks.py renders it through user_prompt), so
+# what the adapter learns from the user's own functions is the task it is judged on.
 INSTRUCTIONS: dict[Task, str] = {
     "explain": "Explain this code: what it does, its public API, its risks and what to test.",
     "write_tests": "Write pytest tests for this code.",
     "refactor_diff": "Propose a small refactor of this code as a unified diff.",
+    "write_body": (
+        "Write the body of `{name}` in {path}. Reply with the whole function in one ```python block."
+    ),
+    "write_docs": "Write a docstring with usage examples for `{name}` in {path}.",
 }
 CUT_MARK = "# ... (rest of the file cut to fit)"
 SHINGLE_WORDS = 5
@@ -92,8 +99,10 @@ def content_hash(messages: Sequence[dict[str, str]], task: str) -> str:
     return sha256_bytes(canonical_json({"messages": list(messages), "task": task}))
 
 
-def user_prompt(task: Task, path: str, code: str) -> str:
-    return f"{INSTRUCTIONS[task]}\n\nFile: {path}\n```python\n{code.rstrip()}\n```"
+def user_prompt(task: Task, path: str, code: str, symbol: str | None = None) -> str:
+    """The user's request: the task's instruction (naming the symbol when it has one), then the code."""
+    instruction = INSTRUCTIONS[task].format(name=symbol or "", path=path)
+    return f"{instruction}\n\nFile: {path}\n```python\n{code.rstrip()}\n```"
 
 
 def render(candidate: Candidate, system_prompt: str, code: str | None = None) -> Record:
@@ -101,7 +110,9 @@ def render(candidate: Candidate, system_prompt: str, code: str | None = None) ->
         {"role": "system", "content": system_prompt},
         {
             "role": "user",
-            "content": user_prompt(candidate.task, candidate.path, candidate.code if code is None else code),
+            "content": user_prompt(
+                candidate.task, candidate.path, candidate.code if code is None else code, candidate.symbol
+            ),
         },
         {"role": "assistant", "content": candidate.answer.strip()},
     ]

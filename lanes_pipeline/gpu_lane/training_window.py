@@ -15,10 +15,11 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
+from lanes_pipeline.cpu_lane.dataset_writer import TASKS
+
 DATASET_ASSET = "lora_dataset"
 SPLITS = ("train", "eval")
 ROLES = {"system", "user", "assistant"}
-TASKS = {"explain", "write_tests", "refactor_diff"}
 
 
 class DatasetWindowError(ValueError):
