@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +28,7 @@ from lanes_pipeline.cpu_lane.repo_env import dependency_files_at, ensure_env, re
 from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
 from lanes_pipeline.cpu_lane.sandbox import Isolation
 from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
-from lanes_pipeline.cpu_lane.symbol_work import day_work, symbols_at
+from lanes_pipeline.cpu_lane.symbol_work import SymbolsAt, day_work, symbols_at
 from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.settings import SandboxLimits
 
@@ -70,6 +71,44 @@ class SymbolTestsConfig(Frozen):
 Send = Callable[[Sequence[BatchRequest]], BatchResult]
 
 
+def register_of(register: Memo, repo: str) -> tuple[str, set[str], set[str]]:
+    """(the register's key, memo keys of symbols covered so far, ids of symbols with an accepted test)."""
+    key = memo_key("tests_register", DAY_VERSION, repo)
+    value = register.get(key) or {"covered": [], "accepted": []}
+    return key, set(value["covered"]), set(value["accepted"])
+
+
+class DaySelection(Frozen):
+    """The day's symbols of a repository: `chosen` holds their ids (changed, backlog) and `remaining`."""
+
+    today: SymbolsAt
+    chosen: dict[str, Any]
+
+    def targets(self) -> list[Symbol]:
+        by_id = self.today.by_id()
+        return [by_id[i] for i in [*self.chosen["changed"], *self.chosen["backlog"]] if i in by_id]
+
+
+def select_day(register: Memo, snapshot: Snapshot, repo: Path, backlog_per_day: int) -> DaySelection:
+    """The day's symbols, remembered per (repository, day, commit, budget) in `register`: whichever CPU-lane
+    asset asks first (repo_analysis, then generated_tests and refactor_proposals) makes the selection, so
+    all of them work on the same symbols that day, on a re-run and in a backfill."""
+    if snapshot.commit is None:
+        raise ValueError(f"{snapshot.repo} has no commit on {snapshot.day}: no symbols to select")
+    paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
+    today = symbols_at(repo, snapshot.commit, paths)
+    selection_key = memo_key("tests_selection", DAY_VERSION, snapshot.repo, snapshot.day.isoformat(),
+                             snapshot.commit, backlog_per_day)  # fmt: skip
+    chosen = register.get(selection_key)
+    if chosen is None:
+        _, covered, _ = register_of(register, snapshot.repo)
+        before = symbols_at(repo, snapshot.previous_commit).symbols if snapshot.previous_commit else []
+        work, _ = day_work(today, before, covered, backlog_per_day)
+        chosen = {"changed": work.changed, "backlog": work.backlog, "remaining": work.remaining}
+        register.put(selection_key, chosen)
+    return DaySelection(today=today, chosen=chosen)
+
+
 class SymbolTestDay:
     """The memo namespaces of the job, a sender for batches, and the batches it sent (for the metadata)."""
 
@@ -80,29 +119,14 @@ class SymbolTestDay:
         self.failed = 0  # requests that failed (transiently or not): for the lane's failure gate
         self.verified = 0  # answers this run took into a sandbox (remembered results need none)
 
-    def _register(self, repo: str) -> tuple[str, set[str], set[str]]:
-        key = memo_key("tests_register", DAY_VERSION, repo)
-        value = self.register.get(key) or {"covered": [], "accepted": []}
-        return key, set(value["covered"]), set(value["accepted"])
-
     def run(
         self, snapshot: Snapshot, repo: Path, send: Send, isolation: Callable[[], Isolation]
     ) -> tuple[list[SymbolTestResult], SymbolTestCoverage | None]:
         if snapshot.commit is None:
             return [], None
-        paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
-        today = symbols_at(repo, snapshot.commit, paths)
-        register_key, covered, accepted = self._register(snapshot.repo)
-        selection_key = memo_key("tests_selection", DAY_VERSION, snapshot.repo, snapshot.day.isoformat(),
-                                 snapshot.commit, self.config.backlog_per_day)  # fmt: skip
-        chosen = self.register.get(selection_key)
-        if chosen is None:
-            before = symbols_at(repo, snapshot.previous_commit).symbols if snapshot.previous_commit else []
-            work, _ = day_work(today, before, covered, self.config.backlog_per_day)
-            chosen = {"changed": work.changed, "backlog": work.backlog, "remaining": work.remaining}
-            self.register.put(selection_key, chosen)
-        by_id = today.by_id()
-        targets = [by_id[i] for i in [*chosen["changed"], *chosen["backlog"]] if i in by_id]
+        selection = select_day(self.register, snapshot, repo, self.config.backlog_per_day)
+        today, chosen, targets = selection.today, selection.chosen, selection.targets()
+        register_key, covered, accepted = register_of(self.register, snapshot.repo)
         python, reason = self._environment(repo, snapshot.commit)
         results: list[SymbolTestResult] = []
         if not reason:
