@@ -82,7 +82,8 @@ class ModuleOutline(FrozenModel):
 
 
 class SelectionRules(FrozenModel):
-    """What a snapshot reads: a repos.yaml entry's globs and cpu_assets.max_file_bytes (defaults there)."""
+    """What a snapshot reads: a repos.yaml entry's globs and cpu_assets.max_file_bytes (defaults there),
+    which limits files other than Python source (see is_python)."""
 
     include: list[str]
     exclude: list[str]
@@ -149,6 +150,12 @@ VENDORED_SUFFIXES = (".min.js", ".min.css", ".lock", "-lock.json")
 
 def language_of(path: str) -> str:
     return LANGUAGES.get(PurePosixPath(path).suffix.lower(), "other")
+
+
+def is_python(path: str) -> bool:
+    """Python source has no size limit: the CPU lane works on it symbol by symbol (symbols.py), so a module
+    of any size is covered; only other files are left out as too large."""
+    return language_of(path) == "python"
 
 
 def end_of_day(day: date, timezone: str) -> datetime:
@@ -222,7 +229,7 @@ def _left_out_reason(
         return "git_ignored", "matched by the commit's .gitignore"
     if is_vendored(entry.path):
         return "vendored", "third-party or generated folder"
-    if entry.size > rules.max_file_bytes:
+    if entry.size > rules.max_file_bytes and not is_python(entry.path):
         return "too_large", f"{entry.size} bytes > {rules.max_file_bytes}"
     if data is None or is_binary(data):
         return "binary", "contains NUL bytes"
@@ -419,7 +426,9 @@ def selected_files(
     readable = [
         e.blob
         for e in entries
-        if include.match_file(e.path) and not exclude.match_file(e.path) and e.size <= rules.max_file_bytes
+        if include.match_file(e.path)
+        and not exclude.match_file(e.path)
+        and (e.size <= rules.max_file_bytes or is_python(e.path))
     ]
     contents = read_blobs(repo, readable)
     files, left_out, not_included = select_files(entries, rules, contents, _gitignores(repo, entries))
