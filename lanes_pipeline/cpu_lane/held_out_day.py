@@ -4,21 +4,30 @@ The functions among them become the GPU lane's repository tasks, each with the t
 the repository's own tests that call it, and the CPU lane's accepted tests for it. A test only judges if it
 passes on the real code at the day's commit: they all run once here, in one sandboxed pytest run per
 repository, and those that do not pass are left out (a task with no test left is no task).
+
+The same run vouches for the day's functions to teach: a function new or changed that day becomes a "write
+the body" row unless a repository test that calls it fails at that commit (broken code is not taught).
 """
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
-from lanes_pipeline.cpu_lane.holdout import HeldOutFunction, calling_tests, held_out_symbols, leaked
+from lanes_pipeline.cpu_lane.holdout import (
+    HeldOutFunction,
+    calling_tests,
+    fresh_functions,
+    function_stub,
+    held_out_symbols,
+    leaked,
+)
 from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
 from lanes_pipeline.cpu_lane.sandbox import Isolation, open_sandbox, run_pytest_outcomes
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at
-from lanes_pipeline.cpu_lane.symbols import Symbol, stub
+from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore
 
@@ -64,12 +73,6 @@ def cpu_test_path(function: HeldOutFunction, index: int) -> str:
     return f"{CPU_TESTS_DIR}/test_{Path(function.symbol.path).stem}_{safe}_{index}.py"
 
 
-def function_stub(symbol: Symbol) -> str:
-    node = ast.parse(symbol.source).body[0]
-    assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-    return stub(node, symbol.module).split("\n", 1)[1]  # without the `# module` line
-
-
 def _candidates(
     repo: str, location: Path, commit: str, held: Sequence[Symbol], tests: Mapping[str, str],
     accepted: Mapping[str, list[str]],
@@ -89,18 +92,39 @@ def _candidates(
     ]
 
 
-def _keep_passing(
-    functions: list[HeldOutFunction], location: Path, commit: str, limits: SandboxLimits,
-    isolation: Isolation | None,
-) -> list[HeldOutFunction]:  # fmt: skip
-    """Each function with only the tests that pass on the real code; functions left without one dropped."""
-    wanted = sorted({t for f in functions for t in f.repo_tests})
+class RepoHoldOut(BaseModel):
+    """One repository's day, as lora_dataset splits it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    held: list[Symbol] = Field([], description="the held-out symbols (all kinds)")
+    functions: list[HeldOutFunction] = Field([], description="held-out functions with passing tests: tasks")
+    taught: list[Symbol] = Field(
+        [],
+        description="functions new or changed at the commit (all on a first day) that no failing repository "
+        "test calls: each becomes a 'write the body' row (held-out ones go to eval)",
+    )
+
+
+def _outcomes(
+    functions: list[HeldOutFunction], more_tests: Sequence[str], location: Path, commit: str,
+    limits: SandboxLimits, isolation: Isolation | None,
+) -> dict[str, str]:  # fmt: skip
+    """node id -> outcome, for every test that judges a held-out function or vouches for a taught one, in
+    one sandboxed pytest run at the commit."""
+    wanted = sorted({t for f in functions for t in f.repo_tests} | set(more_tests))
+    paths = [cpu_test_path(f, i) for f in functions for i in range(len(f.cpu_tests))]
+    if not wanted and not paths:
+        return {}
     with open_sandbox(location, commit, limits, isolation) as sandbox:
         for function in functions:
             for index, code in enumerate(function.cpu_tests):
                 sandbox.write(cpu_test_path(function, index), code)
-        paths = [cpu_test_path(f, i) for f in functions for i in range(len(f.cpu_tests))]
-        outcomes = run_pytest_outcomes(sandbox, [*wanted, *paths]) if wanted or paths else {}
+        return run_pytest_outcomes(sandbox, [*wanted, *paths])
+
+
+def _keep_passing(functions: list[HeldOutFunction], outcomes: Mapping[str, str]) -> list[HeldOutFunction]:
+    """Each function with only the tests that pass on the real code; functions left without one dropped."""
     kept = []
     for function in functions:
         repo_tests = [t for t in function.repo_tests if outcomes.get(t) == "passed"]
@@ -126,14 +150,22 @@ def held_out_of_repo(
     accepted: Mapping[str, list[str]],
     limits: SandboxLimits,
     isolation: Isolation | None = None,
-) -> tuple[list[Symbol], list[HeldOutFunction]]:
-    """(the held-out symbols of the snapshot's files, the held-out functions that have passing tests)."""
+) -> RepoHoldOut:
+    """The snapshot's held-out symbols, the held-out functions that have passing tests, and the functions
+    to teach (see RepoHoldOut)."""
     if snapshot.commit is None:
-        return [], []
+        return RepoHoldOut()
     paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
     today = symbols_at(location, snapshot.commit, paths)
+    before = symbols_at(location, snapshot.previous_commit, paths).symbols if snapshot.previous_commit else []
     held = held_out_symbols(snapshot.repo, today.symbols, percent)
     functions = _candidates(snapshot.repo, location, snapshot.commit, held, today.test_sources, accepted)
-    if not functions:
-        return held, []
-    return held, _keep_passing(functions, location, snapshot.commit, limits, isolation)
+    fresh = {s.id: calling_tests(today.test_sources, s.name) for s in fresh_functions(before, today.symbols)}
+    outcomes = _outcomes(
+        functions, sorted({t for tests in fresh.values() for t in tests}), location, snapshot.commit, limits,
+        isolation,
+    )  # fmt: skip
+    taught = [
+        s for s in today.symbols if s.id in fresh and all(outcomes.get(t) == "passed" for t in fresh[s.id])
+    ]
+    return RepoHoldOut(held=held, functions=_keep_passing(functions, outcomes), taught=taught)

@@ -2,7 +2,9 @@
 that the LoRA never trains on. The CPU lane still works on them (their accepted tests judge answers), but
 their rows go to the eval split only, their bodies are masked out of every training row's code, and they
 become the GPU lane's repository tasks (`HeldOutFunction`, written by lora_dataset, read by
-adapter_evaluation). Everything here is pure.
+adapter_evaluation). The functions that are not held out teach that same task: a "write_body" row shows
+what the repository task shows (body_request) and answers with the user's own function. Everything here is
+pure.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate
-from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.cpu_lane.symbols import Symbol, diff_scans, stub
 
 MIN_BODY_CHARS = 12  # a body shorter than this ("return x") is too common to call a leak when seen elsewhere
 
@@ -32,6 +34,44 @@ class HeldOutFunction(BaseModel):
     stub: str = Field(description="signature and docstring: what an editor sends when a body is wanted")
     repo_tests: list[str] = Field([], description="node ids of the repository's tests that call it")
     cpu_tests: list[str] = Field([], description="accepted test modules the CPU lane wrote for it")
+
+
+def function_stub(symbol: Symbol) -> str:
+    """A function's signature and docstring (the body left out)."""
+    node = ast.parse(symbol.source).body[0]
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        raise ValueError(f"{symbol.id}: a {symbol.kind}, not a function: it has no body to ask for")
+    return stub(node, symbol.module).split("\n", 1)[1]  # without the `# module` line
+
+
+def body_request(symbol: Symbol) -> str:
+    """What an editor sends when the user asks for a function's body: the context (imports, what it calls,
+    as signatures and docstrings), then the function's own signature and docstring. Both the repository
+    task (held out) and the training row (not held out) show exactly this."""
+    context = symbol.context_text()
+    own = function_stub(symbol)
+    return f"{context}\n\n\n{own}" if context else own
+
+
+def body_candidate(repo: str, symbol: Symbol) -> Candidate:
+    """A "write the body" row: the request an editor sends, answered with the user's own function."""
+    return Candidate(
+        task="write_body",
+        repo=repo,
+        path=symbol.path,
+        code=body_request(symbol),
+        answer=f"```python\n{symbol.source.rstrip()}\n```",
+        symbol=symbol.name,
+    )
+
+
+def fresh_functions(before: Sequence[Symbol], today: Sequence[Symbol]) -> list[Symbol]:
+    """Today's top-level functions that are new or changed since `before` (all of them on a first day,
+    when `before` is empty): the day's "write the body" rows. Unchanged ones were taught on their day and
+    stay in the replay window."""
+    diff = diff_scans(before, today)
+    fresh = {*diff.new, *diff.changed}
+    return [s for s in today if s.kind == "function" and s.id in fresh]
 
 
 def held_out_key(repo: str, symbol: Symbol) -> str:
@@ -126,5 +166,8 @@ def route(candidate: Candidate, held_out: Sequence[Symbol]) -> Candidate:
         return candidate.model_copy(update={"held_out": True})
     if leaked(candidate.answer, [body_text(s) for s in held_out]):
         return candidate.model_copy(update={"held_out": True})
+    if candidate.task == "write_body":
+        # Its code is body_request's text (signatures and docstrings only), not the file: no body to mask.
+        return candidate.model_copy(update={"held_out": False})
     in_file = [s for s in held_out if s.path == candidate.path]
     return candidate.model_copy(update={"held_out": False, "code": mask(candidate.code, in_file)})

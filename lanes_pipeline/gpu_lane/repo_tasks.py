@@ -11,8 +11,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from lanes_pipeline.cpu_lane.dataset_writer import user_prompt
 from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, cpu_test_path
-from lanes_pipeline.cpu_lane.holdout import HeldOutFunction
+from lanes_pipeline.cpu_lane.holdout import HeldOutFunction, body_request
 from lanes_pipeline.cpu_lane.sandbox import Isolation, open_sandbox, run_pytest_outcomes
 from lanes_pipeline.gpu_lane.code_tasks import CodeTask, TaskOutcome, extract_code
 from lanes_pipeline.settings import SandboxLimits
@@ -23,13 +24,9 @@ def task_name(function: HeldOutFunction) -> str:
 
 
 def body_task(function: HeldOutFunction, system_prompt: str) -> CodeTask:
+    """The request a "write_body" training row shows for the user's other functions, word for word."""
     symbol = function.symbol
-    context = symbol.context_text()
-    shown = f"{context}\n\n\n{function.stub}" if context else function.stub
-    prompt = (
-        f"Write the body of `{symbol.name}` in {symbol.path}. Reply with the whole function in one "
-        f"```python block.\n\nFile: {symbol.path}\n```python\n{shown.rstrip()}\n```"
-    )
+    prompt = user_prompt("write_body", symbol.path, body_request(symbol), symbol.name)
     return CodeTask(name=task_name(function), system=system_prompt, prompt=prompt)
 
 

@@ -7,11 +7,14 @@ import ast
 from datetime import date
 from pathlib import Path
 
-from lanes_pipeline.cpu_lane.dataset_writer import Candidate
+from lanes_pipeline.cpu_lane.dataset_writer import Candidate, render
 from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo, training_leaks
 from lanes_pipeline.cpu_lane.holdout import (
+    body_candidate,
+    body_request,
     body_text,
     calling_tests,
+    fresh_functions,
     held_out_symbols,
     is_held_out,
     leaked,
@@ -98,9 +101,11 @@ def test_a_day_keeps_only_held_out_functions_with_tests_that_pass_on_the_real_co
     )  # fmt: skip
     accepted = {"shout": ["from shapes import shout\n\n\ndef test_shout():\n    assert shout('a') == 'A!'\n"]}
     limits = SandboxLimits(runs=1, timeout_s=60)
-    held, functions = held_out_of_repo(snapshot, repo, 100, accepted, limits, detect_isolation())
-    assert sorted(s.name for s in held) == ["area", "double", "shout"]
-    by_name = {f.symbol.name: f for f in functions}
+    split = held_out_of_repo(snapshot, repo, 100, accepted, limits, detect_isolation())
+    assert sorted(s.name for s in split.held) == ["area", "double", "shout"]
+    # a first day: every function is new; `double` is not taught, a repository test calling it fails
+    assert [s.name for s in split.taught] == ["area", "shout"]
+    by_name = {f.symbol.name: f for f in split.functions}
     # the deliberately broken repository test is left out; the passing one stays
     assert by_name["double"].repo_tests == ["tests/test_shapes.py::test_double"]
     assert by_name["shout"].repo_tests == ["tests/test_shapes.py::test_area_and_shout"]
@@ -118,3 +123,27 @@ def test_the_leak_check_finds_a_held_out_body_in_a_training_row_and_nothing_else
     assert training_leaks(held, [f"Explain this code:\n```python\n{masked}```"]) == []
     leaking = f"Explain this code:\n```python\n{SHAPES_MODULE}```"
     assert training_leaks(held, ["unrelated", leaking]) == ["r: shapes.py::double"]
+
+
+def test_a_body_row_shows_the_request_and_answers_with_the_users_function() -> None:
+    by_name = {s.name: s for s in symbols()}
+    row = body_candidate("r", by_name["area"])
+    assert row.task == "write_body" and row.symbol == "area" and row.path == "shapes.py"
+    assert row.code == body_request(by_name["area"])
+    assert "import math" in row.code and row.code.rstrip().endswith('"""Area of a circle of radius r."""')
+    assert "math.pi * r * r" not in row.code and "math.pi * r * r" in row.answer
+    user = render(row, "sys").messages[1]["content"]
+    assert user.startswith("Write the body of `area` in shapes.py. Reply with the whole function")
+    # not held out: training, its request unmasked (it shows no body); held out: eval
+    assert route(row, [by_name["double"]]) == row.model_copy(update={"held_out": False})
+    assert route(row, [by_name["area"]]).held_out
+
+
+def test_fresh_functions_are_the_new_and_changed_ones_all_on_a_first_day() -> None:
+    before = symbols()
+    assert [s.name for s in fresh_functions([], before)] == ["area", "double", "shout"]
+    added = "\n\nclass Box:\n    pass\n\n\ndef new():\n    return 1\n"
+    edited = SHAPES_MODULE.replace("x + x", "2 * x") + added
+    after = all_symbols(scan_repo({"shapes.py": edited}))
+    assert [s.name for s in fresh_functions(before, after)] == ["double", "new"]  # a class is no body task
+    assert fresh_functions(before, before) == []

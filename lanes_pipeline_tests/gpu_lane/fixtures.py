@@ -93,7 +93,7 @@ def write_held_out_tasks(artifacts_root: Path, day: date, scratch: Path, keep: i
         repo="shapes", day=day, branch="HEAD", commit=commit,
         files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
     )  # fmt: skip
-    _, functions = held_out_of_repo(snapshot, repo, 100, {}, SandboxLimits(runs=1))
+    functions = held_out_of_repo(snapshot, repo, 100, {}, SandboxLimits(runs=1)).functions
     held = HeldOutDay(held_out_percent=100, functions=functions[:keep])
     ArtifactStore(artifacts_root).write_json(
         "lora_dataset_report", day.isoformat(), "held_out.json", held.model_dump(mode="json")

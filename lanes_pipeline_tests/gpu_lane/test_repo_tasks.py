@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from lanes_pipeline.cpu_lane.dataset_writer import render
 from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo, load_held_out
-from lanes_pipeline.cpu_lane.holdout import HeldOutFunction
+from lanes_pipeline.cpu_lane.holdout import HeldOutFunction, body_candidate
 from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation
 from lanes_pipeline.gpu_lane.repo_tasks import (
@@ -34,7 +35,7 @@ def functions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, HeldOutFunc
         repo="r", day=date(2026, 11, 1), branch="HEAD", commit=commit,
         files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
     )  # fmt: skip
-    _, found = held_out_of_repo(snapshot, repo, 100, {}, LIMITS, detect_isolation())
+    found = held_out_of_repo(snapshot, repo, 100, {}, LIMITS, detect_isolation()).functions
     return {f.symbol.name: f for f in found}
 
 
@@ -44,6 +45,9 @@ def test_the_prompt_is_what_an_editor_sends_for_a_body(functions: dict[str, Held
     assert "def double(x: int) -> int:" in task.prompt and "Twice x." in task.prompt
     assert "import math" in task.prompt  # the module's imports are context
     assert "result = x + x" not in task.prompt  # the body is what is asked for
+    # a "write_body" training row about another function asks in exactly this form
+    row = render(body_candidate("r", functions["double"].symbol), "You are careful.")
+    assert row.messages[1]["content"] == task.prompt
 
 
 def test_replacement_takes_the_named_function_and_its_imports_only() -> None:

@@ -1,7 +1,8 @@
 """`lora_dataset`: the day's accepted CPU-lane results as chat records for the GPU lane's LoRA
 (explain <- accepted analyses of changed files, write tests <- accepted tests, propose a diff <- accepted
-diffs), scrubbed of secrets and prompt injection, deduplicated, fitted to the base model's max sequence
-length with its own tokenizer, split by held-out symbol (holdout.py), saved with `datasets` at
+diffs) and the user's own new or changed functions (write the body <- the function, see holdout.py),
+scrubbed of secrets and prompt injection, deduplicated, fitted to the base model's max sequence length with
+its own tokenizer, split by held-out symbol (holdout.py), saved with `datasets` at
 `<artifacts>/lora_dataset/<day>/` (the contract in dataset_window.py), plus the replay window's figures."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
@@ -19,11 +20,10 @@ from lanes_pipeline.cpu_lane.assets.common import (
 )
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, load_token_counter, save_dataset, shape
-from lanes_pipeline.cpu_lane.held_out_day import HELD_OUT_FILE, HeldOutDay, held_out_of_repo
-from lanes_pipeline.cpu_lane.holdout import body_text, route
+from lanes_pipeline.cpu_lane.held_out_day import HELD_OUT_FILE, HeldOutDay, RepoHoldOut, held_out_of_repo
+from lanes_pipeline.cpu_lane.holdout import body_candidate, body_text, route
 from lanes_pipeline.cpu_lane.repos import Snapshot, read_blobs
 from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, GeneratedTestRow, RefactorRow
-from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import FileAnalysis
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.engines import embedded_hf_model
@@ -113,30 +113,31 @@ def held_out_of_day(
     settings: Settings,
     snapshots: list[Snapshot],
     accepted: dict[tuple[str, str], list[str]],
-) -> tuple[HeldOutDay, dict[str, list[Symbol]]]:
-    """The held-out symbols of each repository (repo -> symbols) and the day's held-out tasks."""
+) -> tuple[HeldOutDay, dict[str, RepoHoldOut]]:
+    """The day's held-out tasks, and each repository's split (repo -> held out, tasks, taught)."""
     percent = settings.pipeline.dataset.held_out_percent
     entries = {e.name: e for e in settings.repos.repos}
     day = HeldOutDay(held_out_percent=percent)
-    held: dict[str, list[Symbol]] = {}
+    repos: dict[str, RepoHoldOut] = {}
     for snapshot in snapshots:
         if snapshot.commit is None:
             continue
         ours = {name: tests for (repo, name), tests in accepted.items() if repo == snapshot.repo}
-        symbols, functions = held_out_of_repo(
+        split = held_out_of_repo(
             snapshot,
             repo_location(settings, entries[snapshot.repo]),
             percent,
             ours,
             settings.pipeline.cpu_assets.sandbox,
         )
-        held[snapshot.repo] = symbols
-        day.bodies[snapshot.repo] = {s.id: body_text(s) for s in symbols}
-        day.functions.extend(functions)
+        repos[snapshot.repo] = split
+        day.bodies[snapshot.repo] = {s.id: body_text(s) for s in split.held}
+        day.functions.extend(split.functions)
         context.log.info(
-            f"{snapshot.repo}: {len(symbols)} held-out symbol(s), {len(functions)} with passing tests"
+            f"{snapshot.repo}: {len(split.held)} held-out symbol(s), {len(split.functions)} with passing "
+            f"tests; {len(split.taught)} new or changed function(s) to write the body of"
         )
-    return day, held
+    return day, repos
 
 
 def _no_tokens(messages: list[dict[str, str]]) -> int:
@@ -174,8 +175,9 @@ def lora_dataset(
         sources,
     )
     dataset_config = settings.pipeline.dataset
-    held_out_day, held = held_out_of_day(context, settings, snapshots, tests_by_symbol(generated))
-    candidates = [route(c, held.get(c.repo, [])) for c in candidates]
+    held_out_day, splits = held_out_of_day(context, settings, snapshots, tests_by_symbol(generated))
+    candidates += [body_candidate(repo, s) for repo, split in sorted(splits.items()) for s in split.taught]
+    candidates = [route(c, splits[c.repo].held if c.repo in splits else []) for c in candidates]
     shaped = shape(
         candidates,
         dataset_config.system_prompt,
@@ -222,7 +224,7 @@ def lora_dataset(
             "window_eval_rows": len(window_eval),
             "window_fingerprint": dataset_window.fingerprint(window) if window else "",
             "held_out_percent": dataset_config.held_out_percent,
-            "held_out_symbols": sum(len(v) for v in held.values()),
+            "held_out_symbols": sum(len(v.held) for v in splits.values()),
             "held_out_tasks": len(held_out_day.functions),
             "path": MetadataValue.path(str(target)),
             "artifact_hash": content_hash,
