@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from lanes_pipeline.cpu_lane.docstrings import DocStatus
 from lanes_pipeline.cpu_lane.sandbox import Outcome, Verdict
 from lanes_pipeline.cpu_lane.symbol_tests import SymbolRejection
 from lanes_pipeline.cpu_lane.tasks import DiffRejection, FileAnalysis
@@ -70,11 +71,14 @@ class AnalysisAnswer(Row):
 
 
 class FileAnalysisRow(AnalysisAnswer):
-    """One file of `repo_analysis/<day>/results.json`; `accepted` only where the analysis is ok."""
+    """One item of `repo_analysis/<day>/results.json`: a symbol (`symbol` set: its qualified name in the
+    file at `path`, whose blob is `blob`) or, in rows written before analysis went by symbol, a whole file;
+    `accepted` only where the analysis is ok."""
 
     path: str
     blob: str
     accepted: bool | None = Field(None, exclude_if=_unset)
+    symbol: str | None = Field(None, exclude_if=_unset)
 
 
 class AnalysisRow(Row):
@@ -120,6 +124,30 @@ class GeneratedTestRow(Row):
         return self.verdict == "passed"
 
 
+# --- generated_docs ---------------------------------------------------------------------------------------
+
+
+class GeneratedDocRow(Row):
+    """One symbol of `generated_docs/<day>/results.json`: its longest accepted docstring (with the symbol
+    as documented and the diff of its file), or the rejection that got furthest, with its reason."""
+
+    repo: str
+    path: str
+    module: str
+    symbol: str
+    verdict: DocStatus
+    reason: str
+    sampled: int
+    accepted_answers: int
+    docstring: str | None = Field(None, exclude_if=_unset)
+    documented: str | None = Field(None, exclude_if=_unset, description="the symbol's source, documented")
+    diff: str | None = Field(None, exclude_if=_unset, description="unified diff of the file (git apply)")
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "accepted"
+
+
 # --- refactor_proposals -----------------------------------------------------------------------------------
 
 RefactorVerdict = DiffVerdict | DiffRejection | Literal["no_answer"]
@@ -133,13 +161,15 @@ class DiffCheckRecord(Row):
 
 
 class RefactorRow(Row):
-    """One row of `refactor_proposals/<day>/results.json`: `diff` is None when no diff could be judged."""
+    """One row of `refactor_proposals/<day>/results.json`: `diff` is None when no diff could be judged;
+    `symbol` names the symbol of `path` the diff is confined to (unset in rows of whole files)."""
 
     repo: str
     path: str
     diff: str | None
     verdict: RefactorVerdict
     reason: str
+    symbol: str | None = Field(None, exclude_if=_unset)
 
     @property
     def accepted(self) -> bool:
@@ -195,7 +225,11 @@ class SnapshotFigures(Figures):
 
 
 class AnalysisFigures(Figures):
-    files: int = 0
+    """Items are the day's symbols (analysed today or remembered); coverage counts a repository's symbols
+    with an accepted analysis of their current form, from any day."""
+
+    items: int = 0
+    files: int = 0  # the files those symbols are in
     analysed_ok: int = 0
     unparseable: int = 0
     unparseable_ratio: float = 0.0
@@ -203,6 +237,9 @@ class AnalysisFigures(Figures):
     failed_transient: int = 0
     accepted: int = 0
     acceptance_rate: float = 0.0
+    symbols: int = 0
+    symbols_analysed: int = 0
+    analysis_coverage: float = 0.0
 
 
 class GeneratedTestsFigures(Figures):
@@ -217,11 +254,27 @@ class GeneratedTestsFigures(Figures):
     test_coverage: float = 0.0
 
 
+class GeneratedDocsFigures(Figures):
+    candidates: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0
+    sandbox_runs: int = 0
+    verdict_memo_hits: int = 0
+    # coverage of the day's repositories: symbols with an accepted docstring, all days so far
+    symbols: int = 0
+    symbols_with_accepted_docs: int = 0
+    docs_coverage: float = 0.0
+
+
 class RefactorFigures(Figures):
     proposals: int = 0
     accepted: int = 0
     acceptance_rate: float = 0.0
     check_memo_hits: int = 0
+    # coverage of the day's repositories: symbols with an accepted proposal for their current form
+    symbols: int = 0
+    symbols_with_accepted_proposal: int = 0
+    proposal_coverage: float = 0.0
 
 
 class DatasetFigures(Figures):
