@@ -71,6 +71,7 @@ def candidates_of_day(
                         path=item.path,
                         code=sources[(repo.repo, item.path)],
                         answer=explanation(item.analysis),
+                        symbol=item.symbol,
                     )
                 )
     for test in tests:
@@ -94,6 +95,7 @@ def candidates_of_day(
                     path=diff.path,
                     code=sources[(diff.repo, diff.path)],
                     answer=f"```diff\n{diff.diff.rstrip()}\n```",
+                    symbol=diff.symbol,
                 )
             )
     return found
