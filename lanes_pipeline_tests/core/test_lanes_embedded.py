@@ -182,7 +182,11 @@ def test_lanes_run_prints_answer_and_speed_of_each_real_lane(
 ) -> None:
     """The main job's CLI against the session's real servers, configured as external lanes, on a private
     data folder and instance (test_daily_run.py covers the whole day; here a day without training rows)."""
-    project = daily_project(tmp_path, settings, cpu_server.url, gpu_server.url, seed_earlier_day=False)
+    # Every symbol held out: the day's "write the body" rows all go to eval, none to training.
+    project = daily_project(
+        tmp_path, settings, cpu_server.url, gpu_server.url, seed_earlier_day=False,
+        dataset={"held_out_percent": 100},
+    )  # fmt: skip
     for name, value in project.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("lanes_pipeline.definitions.defs", lambda: build_definitions(load_settings()))
