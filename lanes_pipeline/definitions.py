@@ -10,6 +10,7 @@ from dagster import AssetsDefinition, Definitions, definitions, load_assets_from
 
 from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
+from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
@@ -26,7 +27,7 @@ from lanes_pipeline.observatory import assets as observatory
 from lanes_pipeline.settings import Settings, load_settings
 
 # The lane assets, one partition per day; the lane probes are not partitioned (they run in every run).
-DAILY_MODULES = [snapshot, analysis, testgen, refactor, lora_dataset, gpu_lane]
+DAILY_MODULES = [snapshot, analysis, testgen, docgen, refactor, lora_dataset, gpu_lane]
 
 
 def daily_assets(settings: Settings) -> dict[str, AssetsDefinition]:
