@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate
-from lanes_pipeline.cpu_lane.symbols import Symbol, diff_scans, stub
+from lanes_pipeline.cpu_lane.symbols import Symbol, diff_scans, names_in, stub, test_functions
 
 MIN_BODY_CHARS = 12  # a body shorter than this ("return x") is too common to call a leak when seen elsewhere
 
@@ -140,19 +140,12 @@ def mask(source: str, held_out: Sequence[Symbol]) -> str:
 
 def calling_tests(test_sources: Mapping[str, str], name: str) -> list[str]:
     """Node ids (`path::test_fn`) of the top-level test functions that name `name`."""
-    found = []
-    for path, source in sorted(test_sources.items()):
-        try:
-            tree = ast.parse(source, filename=path)
-        except (SyntaxError, ValueError):
-            continue
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
-                names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-                names |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-                if name in names:
-                    found.append(f"{path}::{node.name}")
-    return found
+    return [
+        f"{path}::{node.name}"
+        for path, source in sorted(test_sources.items())
+        for _, node in test_functions(path, source)
+        if name in names_in(node)
+    ]
 
 
 def route(candidate: Candidate, held_out: Sequence[Symbol]) -> Candidate:

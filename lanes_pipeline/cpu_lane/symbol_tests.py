@@ -48,7 +48,7 @@ from lanes_pipeline.cpu_lane.sandbox import (
     open_sandbox,
     run_pytest,
 )
-from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.cpu_lane.symbols import Symbol, names_in, test_functions
 from lanes_pipeline.cpu_lane.tasks import extract_block, static_test_problem
 from lanes_pipeline.cpu_lane.verified_sampling import (
     DEFAULT_TEMPERATURE,
@@ -165,24 +165,6 @@ class VerifyPlace(Frozen):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _test_functions(path: str, source: str) -> list[tuple[str, ast.FunctionDef]]:
-    try:
-        tree = ast.parse(source, filename=path)
-    except (SyntaxError, ValueError):
-        return []
-    return [(path, n) for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
-
-
-def _names(node: ast.AST) -> set[str]:
-    found = set()
-    for child in ast.walk(node):
-        if isinstance(child, ast.Name):
-            found.add(child.id)
-        elif isinstance(child, ast.Attribute):
-            found.add(child.attr)
-    return found
-
-
 def repo_test_example(test_sources: Mapping[str, str], symbol: Symbol) -> str | None:
     """One test function of the repository's own tests (`path -> source` of its test files), with the
     imports of its file: the first that names the target, else the first of all; None without tests."""
@@ -190,12 +172,12 @@ def repo_test_example(test_sources: Mapping[str, str], symbol: Symbol) -> str | 
         found
         for path, source in sorted(test_sources.items())
         if is_test_path(path)
-        for found in _test_functions(path, source)
+        for found in test_functions(path, source)
     ]
     if not candidates:
         return None
     wanted = symbol.name.rsplit(".", 1)[-1]
-    path, node = next((c for c in candidates if wanted in _names(c[1])), candidates[0])
+    path, node = next((c for c in candidates if wanted in names_in(c[1])), candidates[0])
     source = test_sources[path]
     tree = ast.parse(source, filename=path)
     imports = [ast.get_source_segment(source, n) or "" for n in tree.body if isinstance(n, ast.ImportFrom)]

@@ -276,6 +276,26 @@ class _Resolver:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def test_functions(path: str, source: str) -> list[tuple[str, ast.FunctionDef]]:
+    """The top-level `test*` functions of a test file, with its path; none if it does not parse."""
+    try:
+        tree = ast.parse(source, filename=path)
+    except (SyntaxError, ValueError):
+        return []
+    return [(path, n) for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
+
+
+def names_in(node: ast.AST) -> set[str]:
+    """Every name and attribute a piece of code mentions (how a test is seen to call a symbol)."""
+    found = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Name):
+            found.add(child.id)
+        elif isinstance(child, ast.Attribute):
+            found.add(child.attr)
+    return found
+
+
 def memo_key(kind: str, module: str, name: str, source: str, context: Sequence[str]) -> str:
     payload = json.dumps([kind, module, name, source, list(context)], ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
