@@ -139,7 +139,10 @@ def _snapshot(m: Mapping[str, Any]) -> str:
 
 def _analysis(m: Mapping[str, Any]) -> str:
     f = AnalysisFigures.read(m)
-    return f"{f.analysed_ok} of {f.files} analysed, {f.accepted} accepted"
+    return (
+        f"{f.analysed_ok} of {f.items} symbols analysed ({f.files} files), {f.accepted} accepted; coverage "
+        f"{f.symbols_analysed} of {f.symbols} symbols ({f.analysis_coverage:.0%})"
+    )
 
 
 def _tests(m: Mapping[str, Any]) -> str:
@@ -152,7 +155,10 @@ def _tests(m: Mapping[str, Any]) -> str:
 
 def _diffs(m: Mapping[str, Any]) -> str:
     f = RefactorFigures.read(m)
-    return f"{f.accepted} of {f.proposals} diffs accepted"
+    return (
+        f"{f.accepted} of {f.proposals} diffs accepted; coverage {f.symbols_with_accepted_proposal} of "
+        f"{f.symbols} symbols ({f.proposal_coverage:.0%})"
+    )
 
 
 def _dataset(m: Mapping[str, Any]) -> str:

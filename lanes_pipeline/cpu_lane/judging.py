@@ -1,16 +1,19 @@
-"""Judging what the CPU lane answered, file by file, into the rows the assets write.
+"""Judging what the CPU lane answered, file by file or symbol by symbol, into the rows the assets write.
 
 `GeneratedTestJudge` turns remembered answers into generated-test rows (static checks, then repeated
-sandbox runs: verification.judge_generated_test); `DiffJudge` refactor answers into refactor rows (parse, then
-`git apply --check` and the tests in the sandbox: verification.check_diff). Every verdict is remembered
-under a key made of what decided it (code or diff, commit, sandbox limits, and for a diff the accepted
-tests it ran with), so a re-run judges nothing; the sandbox's isolation is detected once, on first use.
+sandbox runs: verification.judge_generated_test); `DiffJudge` refactor answers into refactor rows (parse,
+confine a symbol's diff to its lines: symbol_diff, then `git apply --check` and the tests in the sandbox:
+verification.check_diff). Every verdict is remembered under a key made of what decided it (code or diff,
+commit, sandbox limits, and for a diff the accepted tests it ran with), so a re-run judges nothing; the
+sandbox's isolation is detected once, on first use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
 
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.repos import module_name
@@ -22,12 +25,23 @@ from lanes_pipeline.cpu_lane.rows import (
     TestVerdictRecord,
 )
 from lanes_pipeline.cpu_lane.sandbox import Isolation, detect_isolation
+from lanes_pipeline.cpu_lane.symbol_diff import confine_to_symbol
+from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import TASKS_VERSION, extract_block, parse_diff, test_module_name
 from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff, judge_generated_test
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import canonical_json, sha256_bytes
 
 NO_ANSWER = "the CPU lane did not answer"
+
+
+class DiffScope(BaseModel):
+    """Where a symbol's refactor may change its file: the symbol, and the file's text at the commit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    symbol: Symbol
+    file_source: str
 
 
 class _Judge:
@@ -93,22 +107,30 @@ class DiffJudge(_Judge):
         commit: str,
         tests: Sequence[GeneratedTestRow],
         answers: Mapping[str, RememberedAnswer | None],
+        scopes: Mapping[str, DiffScope] | None = None,
     ) -> list[RefactorRow]:
-        """One row per file (path -> its remembered answer), in order. The repository's own tests run once
-        without any diff first (only if some diff needs the sandbox): when they fail, no diff is judged."""
+        """One row per answer, in order: keyed by a file's path, or by a symbol's id when `scopes` holds
+        that symbol (then its diff must stay inside the symbol's lines: confine_to_symbol). The repository's
+        own tests run once without any diff first (only if some diff needs the sandbox): when they fail, no
+        diff is judged."""
+        scopes = scopes or {}
         accepted_tests = {
             t.test_file: t.code for t in tests if t.repo == repo and t.accepted and t.code is not None
         }
         tests_hash = sha256_bytes(canonical_json(accepted_tests))
         baseline: str | None = None  # why the tests fail without a diff ('' when they pass), once asked
         rows = []
-        for path, answer in answers.items():
-            base = {"repo": repo, "path": path}
+        for key_of_answer, answer in answers.items():
+            scope = scopes.get(key_of_answer)
+            path = scope.symbol.path if scope else key_of_answer
+            base = {"repo": repo, "path": path, **({"symbol": scope.symbol.name} if scope else {})}
             if answer is None or answer.answer is None:
                 reason = answer.why_not() if answer else NO_ANSWER
                 rows.append(RefactorRow(**base, diff=None, verdict="no_answer", reason=reason))
                 continue
             parsed = parse_diff(answer.answer, path)
+            if scope is not None and not isinstance(parsed, tuple):
+                parsed = confine_to_symbol(parsed, scope.file_source, scope.symbol)
             if isinstance(parsed, tuple):
                 rows.append(RefactorRow(**base, diff=None, verdict=parsed[0], reason=parsed[1]))
                 continue

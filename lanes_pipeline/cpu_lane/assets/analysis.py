@@ -1,38 +1,60 @@
-"""`repo_analysis`: a structured analysis (summary, public API, risks, test ideas) of every file of the
-snapshot from the CPU lane. Only new or changed blobs are asked: an unchanged blob reuses its earlier
-analysis by blob hash, so a day without change costs no request and a re-run is byte-identical."""
+"""`repo_analysis`: a structured analysis (summary, public API, risks, test ideas) of each of the day's
+symbols from the CPU lane. The day's symbols are the new and changed ones first, then the coverage backlog
+(select_day: the selection generated_tests and refactor_proposals take too), so a module of any size is
+covered symbol by symbol. Each answer is remembered by the symbol's memo key (its source plus context):
+editing one function of a big module re-asks only that function, and a re-run asks nothing and writes
+the same bytes. Coverage per repository (analysed, with an accepted test, with an accepted proposal) goes
+into the metadata."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
+from lanes_pipeline.cpu_lane.assets.by_symbol import (
+    COVERAGE,
+    CoverageRegister,
+    Send,
+    SymbolQuestions,
+    coverage_table,
+    repo_coverage,
+)
 from lanes_pipeline.cpu_lane.assets.common import (
     DETERMINISTIC_FAILURES,
-    LaneQuestions,
     load_snapshots,
     ratio,
     repo_location,
     write_partition,
 )
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
+from lanes_pipeline.cpu_lane.backlog import RepoCoverage
 from lanes_pipeline.cpu_lane.batch_models import ItemResult
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repos import FileEntry
+from lanes_pipeline.cpu_lane.repos import Snapshot
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import AnalysisAnswer, AnalysisFigures, AnalysisRow, FileAnalysisRow
-from lanes_pipeline.cpu_lane.tasks import ANALYSIS, TASKS_VERSION, FileAnalysis, analysis_problem, file_prompt
+from lanes_pipeline.cpu_lane.symbol_test_day import select_day
+from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.cpu_lane.tasks import (
+    SYMBOL_ANALYSIS,
+    TASKS_VERSION,
+    FileAnalysis,
+    analysis_problem,
+    symbol_defines,
+)
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
 
 
-def analysis_key(model: str, blob: str, max_tokens: int) -> str:
-    return memo_key("analysis", TASKS_VERSION, model, blob, max_tokens)
+def analysis_key(model: str, symbol: Symbol, max_tokens: int) -> str:
+    return memo_key("symbol_analysis", TASKS_VERSION, model, symbol.memo_key, max_tokens)
 
 
 def analysis_value(item: ItemResult) -> dict[str, Any]:
-    """What a file's analysis remembers (an AnalysisAnswer): the validated analysis, or why there is none."""
+    """What a symbol's analysis remembers (an AnalysisAnswer): the validated analysis, or why not."""
     if item.status == "ok":
         answer = AnalysisAnswer(status="ok", analysis=FileAnalysis.model_validate(item.parsed))
     elif item.failure is not None and item.failure.kind in DETERMINISTIC_FAILURES:
@@ -44,22 +66,52 @@ def analysis_value(item: ItemResult) -> dict[str, Any]:
     return answer.model_dump()
 
 
-def file_row(file: FileEntry, answer: AnalysisAnswer, defined: set[str]) -> FileAnalysisRow:
-    """A file's row: its answer, and for an analysis whether it is accepted (analysis_problem) and why not."""
-    row = FileAnalysisRow(path=file.path, blob=file.blob, **answer.model_dump())
+def symbol_row(symbol: Symbol, blob: str, answer: AnalysisAnswer) -> FileAnalysisRow:
+    """A symbol's row: its answer, and for an analysis whether it is accepted (analysis_problem, with the
+    names the symbol defines as the public API it may name) and why not."""
+    row = FileAnalysisRow(path=symbol.path, blob=blob, symbol=symbol.name, **answer.model_dump())
     if answer.analysis is None:
         return row
-    problem = analysis_problem(answer.analysis, defined)
+    problem = analysis_problem(answer.analysis, symbol_defines(symbol))
     return row.model_copy(update={"accepted": problem is None, "reason": problem or ""})
 
 
+class AnalysisDay:
+    """repo_analysis on one repository for one day: the day's symbols, asked through `questions`."""
+
+    def __init__(
+        self, questions: SymbolQuestions, selections: Memo, register: CoverageRegister, model: str,
+        max_tokens: int, backlog_per_day: int,
+    ) -> None:  # fmt: skip
+        self.questions, self.selections, self.register = questions, selections, register
+        self.model, self.max_tokens, self.backlog_per_day = model, max_tokens, backlog_per_day
+
+    def run(self, snapshot: Snapshot, repo: Path, send: Send) -> tuple[AnalysisRow, RepoCoverage | None]:
+        if snapshot.commit is None:
+            return AnalysisRow(repo=snapshot.repo, commit=None, files=[]), None
+        selection = select_day(self.selections, snapshot, repo, self.backlog_per_day)
+        targets = selection.targets()
+        keys = {s.id: analysis_key(self.model, s, self.max_tokens) for s in targets}
+        known = self.questions.answers(snapshot.repo, snapshot.repo_map, targets, keys, SYMBOL_ANALYSIS,
+                                       self.max_tokens, analysis_value, send)  # fmt: skip
+        blobs = {f.path: f.blob for f in snapshot.files}
+        rows = [symbol_row(s, blobs[s.path], AnalysisAnswer.model_validate(known[s.id])) for s in targets]
+        accepted = {s.memo_key for s, r in zip(targets, rows, strict=True) if r.accepted}
+        self.register.add(snapshot.repo, accepted)
+        proposed = CoverageRegister(self.register.memo, "refactor").accepted(snapshot.repo)
+        analysed = self.register.accepted(snapshot.repo)
+        covered = repo_coverage(snapshot.repo, selection.today.symbols, analysed, self.selections, proposed)
+        return AnalysisRow(repo=snapshot.repo, commit=snapshot.commit, files=rows), covered
+
+
 def render_report(repos: list[AnalysisRow]) -> str:
-    """The day's analysis as Markdown: one section per file."""
+    """The day's analysis as Markdown: one section per symbol."""
     lines = []
     for repo in repos:
         lines.append(f"## {repo.repo} @ {(repo.commit or 'no commit')[:12]}")
         for item in repo.files:
-            lines.append(f"### {item.path} ({item.status})")
+            where = f"{item.path}::{item.symbol}" if item.symbol else item.path
+            lines.append(f"### {where} ({item.status})")
             analysis = item.analysis
             if analysis:
                 lines.append(analysis.summary)
@@ -71,12 +123,15 @@ def render_report(repos: list[AnalysisRow]) -> str:
     return "\n\n".join(lines) + "\n"
 
 
-def figures(repos: list[AnalysisRow]) -> AnalysisFigures:
+def figures(repos: list[AnalysisRow], coverage: Sequence[RepoCoverage]) -> AnalysisFigures:
     items = [f for r in repos for f in r.files]
     statuses = [f.status for f in items]
     accepted = sum(bool(f.accepted) for f in items)
+    symbols = sum(c.symbols for c in coverage)
+    analysed = sum(c.analysed for c in coverage)
     return AnalysisFigures(
-        files=len(items),
+        items=len(items),
+        files=len({(r.repo, f.path) for r in repos for f in r.files}),
         analysed_ok=statuses.count("ok"),
         unparseable=statuses.count("unparseable"),
         unparseable_ratio=ratio(statuses.count("unparseable"), len(items)),
@@ -84,6 +139,9 @@ def figures(repos: list[AnalysisRow]) -> AnalysisFigures:
         failed_transient=statuses.count("failed"),
         accepted=accepted,
         acceptance_rate=ratio(accepted, len(items)),
+        symbols=symbols,
+        symbols_analysed=analysed,
+        analysis_coverage=ratio(analysed, symbols),
     )
 
 
@@ -92,7 +150,8 @@ def figures(repos: list[AnalysisRow]) -> AnalysisFigures:
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
     deps=[repo_snapshot],
-    description="Per-file structured analysis from the CPU lane; unchanged blobs reuse earlier answers.",
+    description="Per-symbol structured analysis from the CPU lane (changed symbols, then the coverage "
+    "backlog); answers remembered by each symbol's source and context.",
 )
 @with_host_figures
 def repo_analysis(
@@ -102,32 +161,24 @@ def repo_analysis(
     cpu_lane: CpuLaneResource,
 ) -> MaterializeResult:
     settings = pipeline_settings.load()
-    max_tokens = settings.pipeline.cpu_assets.analysis_max_tokens
+    config = settings.pipeline.cpu_assets
     store = artifact_store.store()
-    lane = LaneQuestions("repo_analysis", cpu_lane, Memo(store, "analysis"), context.log)
+    questions = SymbolQuestions("repo_analysis", Memo(store, "analysis"))
+    register = CoverageRegister(Memo(store, COVERAGE), "analysis")
+    day = AnalysisDay(questions, Memo(store, "tests_register"), register, cpu_lane.config.model,
+                      config.analysis_max_tokens, config.backlog_per_day)  # fmt: skip
     entries = {e.name: e for e in settings.repos.repos}
     repos: list[AnalysisRow] = []
+    coverage: list[RepoCoverage] = []
     for snapshot in load_snapshots(store, context.partition_key):
-        files: list[FileAnalysisRow] = []
-        if snapshot.commit is not None:
-            keys = {f.path: analysis_key(cpu_lane.config.model, f.blob, max_tokens) for f in snapshot.files}
-            known = lane.answers(
-                snapshot,
-                repo_location(settings, entries[snapshot.repo]),
-                snapshot.files,
-                keys,
-                ANALYSIS,
-                max_tokens,
-                prompt=lambda f, text: file_prompt(f.path, text),
-                shape=analysis_value,
-            )
-            defined = {o.path: o.defined_names() for o in snapshot.outlines}
-            files = [
-                file_row(f, AnalysisAnswer.model_validate(known[f.path]), defined.get(f.path, set()))
-                for f in snapshot.files
-            ]
-        repos.append(AnalysisRow(repo=snapshot.repo, commit=snapshot.commit, files=files))
-    lane.check_failures()
+        label = f"repo_analysis {snapshot.repo}"
+        row, covered = day.run(
+            snapshot, repo_location(settings, entries[snapshot.repo]),
+            lambda requests, label=label: cpu_lane.run_batch(requests, log=context.log, label=label),
+        )  # fmt: skip
+        repos.append(row)
+        coverage += [covered] if covered is not None else []
+    questions.check_failures(cpu_lane.config.max_failure_ratio)
     report = render_report(repos)
     content_hash = write_partition(
         store,
@@ -137,8 +188,9 @@ def repo_analysis(
     )
     return MaterializeResult(
         metadata={
-            **figures(repos).metadata(),
-            **lane.metadata(),
+            **figures(repos, coverage).metadata(),
+            **questions.metadata(),
+            "coverage": coverage_table(coverage),
             "report": MetadataValue.md(report[:60_000]),
             "artifact_hash": content_hash,
         }

@@ -1,16 +1,28 @@
-"""`refactor_proposals`: small refactors of the day's changed files, proposed by the CPU lane as unified
-diffs only (whole-file rewrites are slow on a collapsed prefix cache and are refused), parsed with
-unidiff, checked with `git apply --check` in a sandbox worktree, then accepted only if the repository's
-own tests and the day's accepted generated tests all pass with the diff applied."""
+"""`refactor_proposals`: small refactors of the day's symbols (the selection repo_analysis and generated_tests
+took: changed symbols, then the coverage backlog), proposed by the CPU lane as unified diffs only
+(whole-file rewrites are slow on a collapsed prefix cache and are refused), parsed with unidiff, confined
+to the symbol's lines of its file (a hunk that touches any other line is rejected as `outside_symbol`),
+checked with `git apply --check` in a sandbox worktree, then accepted only if the repository's own tests
+and the day's accepted generated tests all pass with the diff applied. Answers are remembered by the
+symbol's memo key, verdicts by the diff, commit and tests they ran with."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
+from lanes_pipeline.cpu_lane.assets.by_symbol import (
+    COVERAGE,
+    CoverageRegister,
+    Send,
+    SymbolQuestions,
+    coverage_table,
+    repo_coverage,
+)
 from lanes_pipeline.cpu_lane.assets.common import (
-    LaneQuestions,
     load_snapshots,
     md_table,
     ratio,
@@ -19,27 +31,74 @@ from lanes_pipeline.cpu_lane.assets.common import (
     repo_location,
     write_partition,
 )
-from lanes_pipeline.cpu_lane.assets.tests import generated_tests, target_files
-from lanes_pipeline.cpu_lane.judging import DiffJudge
+from lanes_pipeline.cpu_lane.assets.tests import generated_tests
+from lanes_pipeline.cpu_lane.backlog import RepoCoverage
+from lanes_pipeline.cpu_lane.judging import DiffJudge, DiffScope
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.repos import Snapshot, read_blobs
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, RefactorFigures, RefactorRow, RememberedAnswer
-from lanes_pipeline.cpu_lane.tasks import REFACTOR_DIFF, TASKS_VERSION, file_prompt
+from lanes_pipeline.cpu_lane.symbol_test_day import select_day
+from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.cpu_lane.tasks import SYMBOL_REFACTOR, TASKS_VERSION
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
 
 
-def figures(items: list[RefactorRow], checks: Memo) -> dict[str, Any]:
+def refactor_key(model: str, symbol: Symbol, max_tokens: int) -> str:
+    return memo_key("symbol_refactor", TASKS_VERSION, model, symbol.memo_key, max_tokens)
+
+
+class RefactorDay:
+    """refactor_proposals on one repository for one day: the day's symbols asked through `questions`,
+    each answer judged by `judge` within its symbol's lines."""
+
+    def __init__(
+        self, questions: SymbolQuestions, judge: DiffJudge, selections: Memo, register: CoverageRegister,
+        model: str, max_tokens: int, backlog_per_day: int,
+    ) -> None:  # fmt: skip
+        self.questions, self.judge, self.selections, self.register = questions, judge, selections, register
+        self.model, self.max_tokens, self.backlog_per_day = model, max_tokens, backlog_per_day
+
+    def run(
+        self, snapshot: Snapshot, repo: Path, tests: Sequence[GeneratedTestRow], send: Send
+    ) -> tuple[list[RefactorRow], RepoCoverage | None]:
+        if snapshot.commit is None:
+            return [], None
+        selection = select_day(self.selections, snapshot, repo, self.backlog_per_day)
+        targets = selection.targets()
+        keys = {s.id: refactor_key(self.model, s, self.max_tokens) for s in targets}
+        known = self.questions.answers(snapshot.repo, snapshot.repo_map, targets, keys, SYMBOL_REFACTOR,
+                                       self.max_tokens, remembered_answer, send)  # fmt: skip
+        blobs = {f.path: f.blob for f in snapshot.files}
+        texts = {b: t.decode("utf-8") for b, t in read_blobs(repo, {blobs[s.path] for s in targets}).items()}
+        scopes = {s.id: DiffScope(symbol=s, file_source=texts[blobs[s.path]]) for s in targets}
+        answers = {s.id: RememberedAnswer.read(known[s.id]) for s in targets}
+        rows = self.judge.rows(snapshot.repo, repo, snapshot.commit, tests, answers, scopes)
+        accepted = {s.memo_key for s, r in zip(targets, rows, strict=True) if r.accepted}
+        self.register.add(snapshot.repo, accepted)
+        analysed = CoverageRegister(self.register.memo, "analysis").accepted(snapshot.repo)
+        proposed = self.register.accepted(snapshot.repo)
+        covered = repo_coverage(snapshot.repo, selection.today.symbols, analysed, self.selections, proposed)
+        return rows, covered
+
+
+def figures(items: list[RefactorRow], checks: Memo, coverage: Sequence[RepoCoverage]) -> dict[str, Any]:
     """The asset's figures, and a count per rejection verdict (`rejected_<verdict>`)."""
     counts = Counter(item.verdict for item in items)
     accepted = counts.get("accepted", 0)
+    symbols = sum(c.symbols for c in coverage)
+    proposed = sum(c.with_accepted_proposal for c in coverage)
     return {
         **RefactorFigures(
             proposals=len(items),
             accepted=accepted,
             acceptance_rate=ratio(accepted, len(items)),
             check_memo_hits=checks.hits,
+            symbols=symbols,
+            symbols_with_accepted_proposal=proposed,
+            proposal_coverage=ratio(proposed, symbols),
         ).metadata(),
         **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "accepted"},
     }
@@ -50,7 +109,8 @@ def figures(items: list[RefactorRow], checks: Memo) -> dict[str, Any]:
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
     deps=[generated_tests],
-    description="Refactors as unified diffs, accepted only if they apply and every test passes with them.",
+    description="Refactors of the day's symbols as unified diffs confined to each symbol's lines, accepted "
+    "only if they apply and every test passes with them.",
 )
 @with_host_figures
 def refactor_proposals(
@@ -62,36 +122,24 @@ def refactor_proposals(
     settings = pipeline_settings.load()
     config = settings.pipeline.cpu_assets
     store = artifact_store.store()
-    lane = LaneQuestions("refactor_proposals", cpu_lane, Memo(store, "refactor_diff"), context.log)
+    questions = SymbolQuestions("refactor_proposals", Memo(store, "refactor_diff"))
     checks = Memo(store, "diff_check")
-    judge = DiffJudge(checks, config.sandbox)
+    day = RefactorDay(questions, DiffJudge(checks, config.sandbox), Memo(store, "tests_register"),
+                      CoverageRegister(Memo(store, COVERAGE), "refactor"), cpu_lane.config.model,
+                      config.refactor_max_tokens, config.backlog_per_day)  # fmt: skip
     entries = {e.name: e for e in settings.repos.repos}
     tests = read_results(store, "generated_tests", context.partition_key, GeneratedTestRow)
     items: list[RefactorRow] = []
+    coverage: list[RepoCoverage] = []
     for snapshot in load_snapshots(store, context.partition_key):
-        targets = target_files(snapshot, config.max_files_per_day)
-        if snapshot.commit is None or not targets:
-            continue
-        repo = repo_location(settings, entries[snapshot.repo])
-        keys = {
-            f.path: memo_key(
-                "refactor_diff", TASKS_VERSION, cpu_lane.config.model, f.blob, config.refactor_max_tokens
-            )
-            for f in targets
-        }
-        known = lane.answers(
-            snapshot,
-            repo,
-            targets,
-            keys,
-            REFACTOR_DIFF,
-            config.refactor_max_tokens,
-            prompt=lambda f, text: file_prompt(f.path, text),
-            shape=remembered_answer,
-        )
-        answers = {f.path: RememberedAnswer.read(known[f.path]) for f in targets}
-        items += judge.rows(snapshot.repo, repo, snapshot.commit, tests, answers)
-    lane.check_failures()
+        label = f"refactor_proposals {snapshot.repo}"
+        rows, covered = day.run(
+            snapshot, repo_location(settings, entries[snapshot.repo]), tests,
+            lambda requests, label=label: cpu_lane.run_batch(requests, log=context.log, label=label),
+        )  # fmt: skip
+        items += rows
+        coverage += [covered] if covered is not None else []
+    questions.check_failures(cpu_lane.config.max_failure_ratio)
     content_hash = write_partition(
         store,
         "refactor_proposals",
@@ -100,10 +148,12 @@ def refactor_proposals(
     )
     return MaterializeResult(
         metadata={
-            **figures(items, checks),
-            **lane.metadata(),
+            **figures(items, checks, coverage),
+            **questions.metadata(),
+            "coverage": coverage_table(coverage),
             "verdicts": md_table(
-                ["repo", "file", "verdict", "reason"], [(i.repo, i.path, i.verdict, i.reason) for i in items]
+                ["repo", "file", "symbol", "verdict", "reason"],
+                [(i.repo, i.path, i.symbol or "", i.verdict, i.reason) for i in items],
             ),
             "artifact_hash": content_hash,
         }

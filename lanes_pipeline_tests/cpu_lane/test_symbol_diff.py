@@ -1,0 +1,90 @@
+"""A symbol's refactor diff stays inside the symbol's lines (symbol_diff.confine_to_symbol), pure: hunks are
+placed by their own lines, not by the numbers the model wrote, and a hunk touching any other line is
+rejected with the verdict `outside_symbol` and the line it touches."""
+
+from __future__ import annotations
+
+from lanes_pipeline.cpu_lane.symbol_diff import confine_to_symbol, locate
+from lanes_pipeline.cpu_lane.symbols import Symbol, extract_symbols
+from lanes_pipeline.cpu_lane.tasks import ParsedDiff, parse_diff
+
+MODULE = '''"""Two functions."""
+
+
+def first(x):
+    total = x + 1
+    return total
+
+
+def second(y):
+    doubled = y * 2
+    return doubled
+'''
+
+
+def symbol(name: str) -> Symbol:
+    return next(s for s in extract_symbols("calc.py", MODULE).symbols if s.name == name)
+
+
+def diff(*hunks: str) -> ParsedDiff:
+    parsed = parse_diff("```diff\n--- a/calc.py\n+++ b/calc.py\n" + "".join(hunks) + "```", "calc.py")
+    assert isinstance(parsed, ParsedDiff), parsed
+    return parsed
+
+
+INSIDE_SECOND = (
+    "@@ -9,3 +9,2 @@\n def second(y):\n-    doubled = y * 2\n-    return doubled\n+    return y * 2\n"
+)
+
+
+def test_a_hunk_inside_the_symbol_is_kept_and_placed_where_its_lines_are() -> None:
+    # The model numbered the hunk wrongly (line 3): its lines are found at line 9, where `second` starts.
+    confined = confine_to_symbol(
+        diff(INSIDE_SECOND.replace("-9,3 +9,2", "-3,3 +3,2")), MODULE, symbol("second")
+    )
+    assert isinstance(confined, ParsedDiff)
+    assert confined.text.splitlines()[2] == "@@ -9,3 +9,2 @@"
+    assert (confined.added, confined.removed) == (1, 2)
+    assert confined.text.endswith("+    return y * 2\n")
+
+
+def test_a_hunk_that_touches_another_symbol_is_rejected() -> None:
+    # Right lines of `second`, but the task was `first`: every removed line is outside first's lines 4-6.
+    rejected = confine_to_symbol(diff(INSIDE_SECOND), MODULE, symbol("first"))
+    assert rejected == ("outside_symbol", "removes line 10, outside the symbol's lines 4-6")
+
+
+def test_adding_a_line_before_the_symbol_is_outside_it() -> None:
+    decorator = "@@ -3,2 +3,3 @@\n \n+@cache\n def first(x):\n"
+    why = confine_to_symbol(diff(decorator), MODULE, symbol("first"))
+    assert why == ("outside_symbol", "adds a line before line 4, outside the symbol's lines 4-6")
+
+
+def test_adding_after_the_last_line_of_the_symbol_is_inside_it() -> None:
+    tail = "@@ -5,2 +5,3 @@\n     total = x + 1\n     return total\n+    # unreachable\n"
+    assert isinstance(confine_to_symbol(diff(tail), MODULE, symbol("first")), ParsedDiff)
+
+
+def test_a_hunk_whose_lines_are_not_in_the_file_is_rejected() -> None:
+    invented = "@@ -5,1 +5,1 @@\n-    total = x + 100\n+    total = 1 + x\n"
+    why = confine_to_symbol(diff(invented), MODULE, symbol("first"))
+    assert why == ("outside_symbol", "hunk @@ -5 does not match the file's lines")
+
+
+def test_overlapping_hunks_are_rejected_and_two_hunks_keep_their_offsets() -> None:
+    one = "@@ -5,1 +5,1 @@\n-    total = x + 1\n+    total = 1 + x\n"
+    assert confine_to_symbol(diff(one, one), MODULE, symbol("first"))[0] == "outside_symbol"
+    grow = "@@ -5,1 +5,2 @@\n-    total = x + 1\n+    total = x\n+    total += 1\n"
+    last = "@@ -6,1 +7,1 @@\n-    return total\n+    return int(total)\n"
+    both = confine_to_symbol(diff(grow, last), MODULE, symbol("first"))
+    assert isinstance(both, ParsedDiff)
+    assert [line for line in both.text.splitlines() if line.startswith("@@")] == [
+        "@@ -5,1 +5,2 @@",
+        "@@ -6,1 +7,1 @@",
+    ]
+
+
+def test_locate_prefers_the_occurrence_nearest_the_stated_line() -> None:
+    lines = ["a", "b", "a", "b", "c"]
+    assert locate(lines, ["a", "b"], 1) == 1 and locate(lines, ["a", "b"], 4) == 3
+    assert locate(lines, ["x"], 1) is None
