@@ -1,7 +1,8 @@
 """repo_analysis and refactor_proposals symbol by symbol, with canned answers (no model): a module larger than
-max_file_bytes is kept by the snapshot and analysed symbol by symbol; editing one function of it re-asks
-only that function; the prompt shows the symbol with its context; an analysis may name only what the
-symbol defines; a symbol's refactor diff must stay inside its lines. Real-server runs: test_cpu_assets.py."""
+max_file_bytes is kept by the snapshot and analysed symbol by symbol (only an unparseable file is left
+out, with its reason); editing one function of it re-asks only that function; the prompt shows the
+symbol with its context; an analysis may name only what the symbol defines; a symbol's refactor diff
+must stay inside its lines. Real-server runs: test_cpu_assets.py."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ class FakeLane:
 def snapshots(tmp_path: Path) -> tuple[Path, list[Snapshot]]:
     repo = tmp_path / "repo"
     days = [
-        {"pkg/scaling.py": module(), "tests/test_scaling.py": TESTS},
+        {"pkg/scaling.py": module(), "pkg/broken.py": "def broken(:\n", "tests/test_scaling.py": TESTS},
         {"pkg/scaling.py": module(edited=7)},
     ]
     for day, files in enumerate(days, start=1):
@@ -99,7 +100,7 @@ def test_a_module_over_max_file_bytes_is_analysed_symbol_by_symbol_and_an_edit_r
 ) -> None:
     repo, (day1, day2) = snapshots(tmp_path)
     assert day1.file("pkg/scaling.py").size > MAX_FILE_BYTES
-    assert day1.left_out == [] and [f.path for f in day1.files] == ["pkg/scaling.py"]  # nothing left out
+    assert day1.left_out == [] and [f.path for f in day1.files] == ["pkg/broken.py", "pkg/scaling.py"]
     store = ArtifactStore(tmp_path / "artifacts")
     lane = FakeLane(analysis_of, parsed=True)
     questions = SymbolQuestions("repo_analysis", Memo(store, "analysis"))
@@ -111,6 +112,8 @@ def test_a_module_over_max_file_bytes_is_analysed_symbol_by_symbol_and_an_edit_r
     assert all(f.path == "pkg/scaling.py" and f.accepted for f in row.files)
     assert covered is not None and (covered.symbols, covered.analysed) == (FUNCTIONS, FUNCTIONS)
     assert "import math" in lane.prompts[0] and "def scale_0(" in lane.prompts[0]
+    # Only a file Python cannot parse has no symbols; it is listed with the reason.
+    assert day.not_scanned == [("big", "pkg/broken.py", "SyntaxError line 1: invalid syntax")]
 
     # A re-run of day 1 asks nothing and gives the same rows.
     lane.asked.clear()

@@ -3,8 +3,9 @@ symbols from the CPU lane. The day's symbols are the new and changed ones first,
 (select_day: the selection generated_tests and refactor_proposals take too), so a module of any size is
 covered symbol by symbol. Each answer is remembered by the symbol's memo key (its source plus context):
 editing one function of a big module re-asks only that function, and a re-run asks nothing and writes
-the same bytes. Coverage per repository (analysed, with an accepted test, with an accepted proposal) goes
-into the metadata."""
+the same bytes. Only a file Python cannot parse has no symbols: it is listed with the reason (`not_scanned`).
+Coverage per repository (analysed, with an accepted test, with an accepted proposal) goes into the
+metadata."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from lanes_pipeline.cpu_lane.assets.by_symbol import (
 from lanes_pipeline.cpu_lane.assets.common import (
     DETERMINISTIC_FAILURES,
     load_snapshots,
+    md_table,
     ratio,
     repo_location,
     write_partition,
@@ -85,12 +87,14 @@ class AnalysisDay:
     ) -> None:  # fmt: skip
         self.questions, self.selections, self.register = questions, selections, register
         self.model, self.max_tokens, self.backlog_per_day = model, max_tokens, backlog_per_day
+        self.not_scanned: list[tuple[str, str, str]] = []  # (repo, path, why): files without symbols
 
     def run(self, snapshot: Snapshot, repo: Path, send: Send) -> tuple[AnalysisRow, RepoCoverage | None]:
         if snapshot.commit is None:
             return AnalysisRow(repo=snapshot.repo, commit=None, files=[]), None
         selection = select_day(self.selections, snapshot, repo, self.backlog_per_day)
         targets = selection.targets()
+        self.not_scanned += [(snapshot.repo, p, why) for p, why in sorted(selection.today.left_out.items())]
         keys = {s.id: analysis_key(self.model, s, self.max_tokens) for s in targets}
         known = self.questions.answers(snapshot.repo, snapshot.repo_map, targets, keys, SYMBOL_ANALYSIS,
                                        self.max_tokens, analysis_value, send)  # fmt: skip
@@ -191,6 +195,7 @@ def repo_analysis(
             **figures(repos, coverage).metadata(),
             **questions.metadata(),
             "coverage": coverage_table(coverage),
+            "not_scanned": md_table(["repo", "path", "why"], day.not_scanned),
             "report": MetadataValue.md(report[:60_000]),
             "artifact_hash": content_hash,
         }
