@@ -12,7 +12,7 @@ PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 # The persistent Dagster instance shared by `make run` and `make dev` (holds a link to ./dagster.yaml).
 export DAGSTER_HOME ?= $(CURDIR)/data/dagster_home
 
-.PHONY: run test dev lint bench setup browser clean
+.PHONY: run test dev lint bench setup browser clean postgres postgres-stop
 
 $(STAMPS)/venv: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,16 @@ lint: $(STAMPS)/venv
 bench: setup
 	$(BIN)/python -m pip install -q $(PIP_CONSTRAINTS) -e ".[bench]"
 	$(BIN)/python -m lanes_pipeline.bench
+
+# A local PostgreSQL for the instance (dagster.postgres.yaml; README "Postgres instance storage"): made in
+# $(PG_DIR) the first time, started on 127.0.0.1 (PG_PORT=..., or a free port), no system service. Then
+# `source $(PG_DIR)/env` points `make run` / `make dev` at it; `make postgres-stop` stops it.
+PG_DIR ?= $(CURDIR)/data/postgres
+postgres: $(STAMPS)/venv
+	$(BIN)/python -m lanes_pipeline.daily.postgres start --dir $(PG_DIR) $(if $(PG_PORT),--port $(PG_PORT))
+
+postgres-stop: $(STAMPS)/venv
+	$(BIN)/python -m lanes_pipeline.daily.postgres stop --dir $(PG_DIR)
 
 clean:
 	rm -rf $(VENV) $(STAMPS) data/run

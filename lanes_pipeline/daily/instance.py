@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
+from lanes_pipeline.daily.instance_storage import check_instance_storage
 from lanes_pipeline.settings import Settings
 
 CPU_POOL, GPU_POOL = "cpu_lane", "gpu_lane"
@@ -103,6 +104,10 @@ def release_orphaned_runs(instance: DagsterInstance) -> list[str]:
 
 def prepare_instance(settings: Settings) -> tuple[DagsterInstance, dict[str, int], list[str]]:
     """The project instance with pool limits from the configs and no slot held by a dead run."""
+    if home := os.environ.get("DAGSTER_HOME"):
+        # A Postgres-backed instance (dagster.postgres.yaml): unset variables or a server that does not answer
+        # are a ConfigError naming them, not Dagster's traceback.
+        check_instance_storage(Path(home), os.environ)
     instance = DagsterInstance.get()
     released = release_orphaned_runs(instance)
     limits = apply_pool_limits(instance, pool_limits(settings))
