@@ -1,15 +1,32 @@
 """Running untrusted code (generated tests, code with a proposed diff applied) without letting it out.
 
 A sandbox is a throwaway folder holding an export of one commit (the worktree) and a read-only harness.
-Commands run in it through `unshare` (fresh mount, network and pid namespaces) and `sandbox_init.py`:
+Commands run in it through `unshare` (fresh mount, network and pid namespaces) and `sandbox_init.py`, which
+builds a new root holding only what the command may see and `pivot_root`s into it.
 
-What is guaranteed, and checked by lanes_pipeline_tests/test_sandbox.py on this machine:
+Why a mount namespace of our own and not Debian's `bubblewrap`: bwrap would be a new system dependency (an
+`apt-get install` in every setup, and setuid or unprivileged user namespaces to reason about), while the
+namespaces, `pivot_root` and the limits here need only util-linux, which the sandbox already uses; the
+whole file system layout is then decided in one readable place (`sandbox_init.py`) and tested on this
+machine. An allow-list root (an empty tmpfs, then read-only binds of what is needed) rather than tmpfs
+covers over known secret places: whatever nobody thought of (a checkout under /work, a data disk under
+/mnt, /opt, /var) stays out by default.
+
+What is guaranteed, and checked by lanes_pipeline_tests/cpu_lane/test_sandbox.py and
+test_sandbox_hides_host.py on this machine:
+- **the host is hidden**: the command sees the worktree (writable), the harness, the interpreter it runs
+  (its virtual environment, the installation that environment was made from: the project's `.venv` and
+  Python's prefix by default, or the repository's environment under `<data>/repo_envs/<hash>/`), and the
+  system folders `/usr`, `/bin`, `/lib*`, `/sbin`, `/etc` - all read-only - plus its own `/proc`, a minimal
+  `/dev` and an empty `/tmp`. Not `/root`, `/home`, `/var`, `/mnt`, `/opt`, the rest of the data folder, the
+  other sandboxes, pip's or the engines' caches, nor the project's checkout (only its `.venv`). In `/etc`
+  the password hashes and every entry that is not world-readable are replaced by unreadable stand-ins.
 - **no network**: a new network namespace with only a downed loopback; connect() fails with ENETUNREACH,
   DNS fails; abstract unix sockets of the host are not reachable either.
-- **no writes outside the worktree**: every mount, / included, is remounted read-only inside the mount
-  namespace, except the worktree (its scratch `TMPDIR`/`HOME` live inside it, in `.lanes/`); /dev holds
-  only null, zero, full, random, urandom and tty. The command runs as an unprivileged uid (started as
-  root) or with no capabilities at all (rootless), with no_new_privs, so it cannot remount anything.
+- **no writes outside the worktree**: every mount of the new root is read-only except the worktree (its
+  scratch `TMPDIR`/`HOME` live inside it, in `.lanes/`); /dev holds only null, zero, full, random, urandom
+  and tty. The command runs as an unprivileged uid (started as root) or with no capabilities at all
+  (rootless), with no_new_privs, so it cannot remount anything.
 - **time limit**: a wall-clock timeout kills the whole pid namespace (its init dies, the kernel kills
   the rest, whatever process group or session they made); RLIMIT_CPU backs it up.
 - **memory limit**: RLIMIT_AS per process (an allocation beyond it raises MemoryError), plus limits on
@@ -17,10 +34,14 @@ What is guaranteed, and checked by lanes_pipeline_tests/test_sandbox.py on this 
 - **nothing left behind**: the folder is deleted afterwards; the repository itself is never touched (the
   worktree is `git archive` output, with no `.git` link back to the repository).
 
-Not guaranteed: reading world-readable files of the host (the file system is visible, read-only), nor
-protection against kernel exploits. Verdicts come from a pytest plugin running in the same process as the
-untrusted test, so a test written to forge them could; generated tests that reach for processes, sockets
-or dynamic code are rejected before they run (`safety.unsafe_calls`), which closes that door in practice.
+Not guaranteed: what the visible folders hold is readable: world-readable files in `/etc` (passwd, hosts,
+the machine's configuration), everything installed in the interpreter's environment (the project's `.venv`
+with its packages), and `/proc`'s view of the kernel (cpu, memory, the sandbox's mounts, which name the
+host paths bound in). The folders on the way to a visible one exist, empty but for that way (`/root`
+holds only `.pyenv` when Python lives there), so their names are known. Not protection
+against kernel exploits. Verdicts come from a pytest plugin running in the same process as the untrusted
+test, so a test written to forge them could; generated tests that reach for processes, sockets or dynamic
+code are rejected before they run (`safety.unsafe_calls`), which closes that door in practice.
 """
 
 from __future__ import annotations
@@ -87,8 +108,12 @@ class Isolation:
 
 def detect_isolation() -> Isolation:
     """Check that namespaces really work here (a container may forbid them) before trusting them."""
-    if shutil.which("unshare") is None or shutil.which("setpriv") is None or shutil.which("mount") is None:
-        raise IsolationUnavailableError("the sandbox needs util-linux's unshare, setpriv and mount")
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])  # pivot_root is in sbin
+    missing = [
+        t for t in ("unshare", "setpriv", "mount", "umount", "pivot_root") if not shutil.which(t, path=path)
+    ]
+    if missing:
+        raise IsolationUnavailableError(f"the sandbox needs util-linux's {', '.join(missing)}")
     isolation = Isolation(rootless=os.geteuid() != 0)
     probe = subprocess.run([*isolation.unshare_argv(), "true"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
@@ -96,6 +121,35 @@ def detect_isolation() -> Isolation:
             f"cannot create namespaces here ({probe.stderr.strip()}); untrusted code will not run unsandboxed"
         )
     return isolation
+
+
+def interpreter_folders(executable: str) -> list[str]:
+    """The folders a Python interpreter needs to read: its virtual environment when it is one, the
+    installation that environment was made from (`home` in pyvenv.cfg), and the installation the executable
+    resolves to; both spellings of each where symlinks differ. Nothing for a bare name (found on PATH)."""
+    path = Path(executable)
+    if not path.is_absolute():
+        return []
+    found: list[Path] = []
+    env = path.parent.parent
+    config = env / "pyvenv.cfg"
+    if config.is_file():
+        found.append(env)
+        for line in config.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                found.append(Path(value.strip()).parent)
+    real = Path(os.path.realpath(path))
+    if real.parent.name == "bin" and list((real.parent.parent / "lib").glob("python3*")):
+        found.append(real.parent.parent)
+    return sorted({str(p) for p in found} | {os.path.realpath(p) for p in found})
+
+
+def readable_folders(argv0: str) -> list[str]:
+    """What a command may read besides the worktree and the harness: the project's own interpreter (PATH
+    names it) and the one the command starts with (`argv[0]`, e.g. a repository environment's python)."""
+    own = {sys.prefix, sys.base_prefix, os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+    return sorted(own | set(interpreter_folders(sys.executable)) | set(interpreter_folders(argv0)))
 
 
 class CommandResult(BaseModel):
@@ -151,13 +205,15 @@ class Sandbox:
         return {**env, **(extra or {})}
 
     def run(self, argv: Sequence[str], extra_env: Mapping[str, str] | None = None) -> CommandResult:
+        """Run `argv` in the worktree; it sees only the folders of `readable_folders(argv[0])`, the harness
+        and the worktree (see the module's notes)."""
         spec = {
             "argv": list(argv),
             "env": self.env(extra_env),
             "cwd": str(self.worktree),
             "writable": [str(self.worktree)],
-            "expose": sorted({sys.prefix, sys.base_prefix}),
-            "staging": str(self.harness / "staging"),
+            "readable": [str(self.harness), *readable_folders(argv[0])],
+            "staging": str(self.root / "staging"),  # outside the harness, which is bound in recursively
             "drop_to_uid": None if self.isolation.rootless else self.limits.uid,
             "drop_to_gid": None if self.isolation.rootless else self.limits.uid,
             "memory_bytes": self.limits.memory_mb * 2**20,
@@ -223,14 +279,16 @@ def _new_sandbox(
     isolation = isolation or detect_isolation()
     parent = Path(limits.parent_dir) if limits.parent_dir else Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="lanes-sandbox-", dir=parent))
+    # Resolved: the sandbox's folders appear at these very paths in the new root, built of real folders.
+    root = Path(tempfile.mkdtemp(prefix="lanes-sandbox-", dir=parent)).resolve()
     try:
         root.chmod(0o755)
         sandbox = Sandbox(root, limits, isolation)
         sandbox.worktree.mkdir()
         fill(sandbox.worktree)
         sandbox.scratch.mkdir()
-        (sandbox.harness / "staging").mkdir(parents=True)
+        (sandbox.root / "staging").mkdir()
+        sandbox.harness.mkdir()
         (sandbox.harness / "lanes_sandbox_report.py").write_text(REPORT_PLUGIN, encoding="utf-8")
         if not isolation.rootless:
             for path in (sandbox.worktree, *sandbox.worktree.rglob("*")):

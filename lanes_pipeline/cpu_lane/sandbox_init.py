@@ -1,5 +1,5 @@
-"""The sandbox's first process: runs as pid 1 of fresh mount, network and pid namespaces, locks the file
-system down, sets the limits, drops privileges and execs the untrusted command.
+"""The sandbox's first process: runs as pid 1 of fresh mount, network and pid namespaces, builds a new root
+that holds only what the command may see, sets the limits, drops privileges and execs the untrusted command.
 
 Standard library only and run by path (`python -I sandbox_init.py SPEC`), so nothing of the project is
 imported inside the sandbox.
@@ -7,12 +7,17 @@ imported inside the sandbox.
 
 Steps, in order (each failure aborts with exit 125 before any untrusted code runs):
 1. every mount becomes private, so nothing below propagates back to the host;
-2. folders the interpreter needs that sit below an untraversable folder (e.g. a pyenv under a 0700
-   /root) are re-exposed: an empty tmpfs covers the closed folder and only the needed folder is bound back;
-3. /dev is replaced by a tmpfs with only null, zero, full, random, urandom and tty (no disks);
-4. the writable folders are bound onto themselves, then every mount, / included, is remounted read-only;
-5. rlimits (address space, CPU seconds, file size, processes, no core files);
-6. setpriv: the sandbox uid/gid (when started as real root) or no capabilities at all (rootless, in a user
+2. a new root, an empty tmpfs, gets the system folders (`/usr` and the `/bin`, `/lib`... beside it, `/etc`)
+   bound in; in `/etc` the password hashes (`shadow`, `gshadow` and their backups) and every entry that is
+   not world-readable are covered by an empty, unreadable stand-in;
+3. the spec's readable folders (the interpreter, the repository's environment, the harness) and writable
+   ones (the worktree) are bound in at the same paths; nothing else of the host is there: not `/root`,
+   `/home`, `/tmp`, `/var`, the data folder, the caches or the project's checkout;
+4. a fresh `/proc` (the pid namespace's own) and a `/dev` with only null, zero, full, random, urandom and
+   tty (no disks) complete it; `pivot_root` makes it `/` and the old root is detached;
+5. every mount, / included, is remounted read-only except the writable folders;
+6. rlimits (address space, CPU seconds, file size, processes, no core files);
+7. setpriv: the sandbox uid/gid (when started as real root) or no capabilities at all (rootless, in a user
    namespace), no_new_privs (setuid binaries cannot regain anything), then exec.
 """
 
@@ -23,12 +28,21 @@ import subprocess
 import sys
 
 SETUP_FAILED = 125
+# What every command needs from the host, bound read-only: programs, libraries and system configuration.
+SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
+# Masked even when world-readable: password hashes are never anyone's business inside.
+ALWAYS_MASKED = frozenset({"shadow", "shadow-", "gshadow", "gshadow-"})
+DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
+
+
+def _run(tool: str, *args: str) -> None:
+    result = subprocess.run([tool, *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{tool} {' '.join(args)}: {result.stderr.strip()}")
 
 
 def _mount(*args: str) -> None:
-    result = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"mount {' '.join(args)}: {result.stderr.strip()}")
+    _run("mount", *args)
 
 
 def _mount_points() -> list[tuple[str, str]]:
@@ -42,34 +56,68 @@ def _mount_points() -> list[tuple[str, str]]:
     return points
 
 
-def _traversable(path: str) -> bool:
-    return bool(os.stat(path).st_mode & 0o001)
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def _expose(needed: list[str], staging: str) -> None:
-    """Make each needed folder reachable for an unprivileged uid without opening its closed parents."""
-    for index, path in enumerate(needed):
-        parts = path.rstrip("/").split("/")
-        closed = next(
-            ("/".join(parts[:i]) for i in range(2, len(parts)) if not _traversable("/".join(parts[:i]))), None
-        )
-        if closed is None:
-            continue
-        stage = os.path.join(staging, f"expose{index}")
-        os.makedirs(stage, exist_ok=True)
-        _mount("--rbind", path, stage)
-        _mount("-t", "tmpfs", "-o", "mode=755,size=1m", "tmpfs", closed)
-        os.makedirs(path, exist_ok=True)
-        _mount("--move", stage, path)
+def _point(new_root: str, path: str, is_dir: bool) -> str:
+    """Create `path` below the new root as a mount point; only real folders of the new root's own tmpfs
+    are walked (a symlink on the way could lead the mkdir onto a host folder bound in)."""
+    current = new_root
+    parts = [p for p in path.split("/") if p]
+    for index, part in enumerate(parts):
+        current = os.path.join(current, part)
+        last = index == len(parts) - 1
+        if os.path.islink(current):
+            raise RuntimeError(f"{path}: {current} is a symlink in the new root")
+        if not os.path.exists(current):
+            if last and not is_dir:
+                open(current, "w").close()
+            else:
+                os.mkdir(current, 0o755)
+    return current
 
 
-def _private_dev(staging: str) -> None:
-    """A fresh /dev with harmless devices only: built in a staging tmpfs, then moved over /dev."""
-    dev = os.path.join(staging, "dev")
-    os.makedirs(dev, exist_ok=True)
+def _system(new_root: str) -> list[str]:
+    """Bind the system folders in (symlinks such as /bin -> usr/bin are recreated); the paths now visible."""
+    visible = []
+    for name in SYSTEM:
+        host = "/" + name
+        if os.path.islink(host):
+            os.symlink(os.readlink(host), os.path.join(new_root, name))
+            visible.append(host)
+        elif os.path.isdir(host):
+            _mount("--rbind", host, _point(new_root, host, True))
+            visible.append(host)
+    return visible
+
+
+def _mask_etc(new_root: str, staging: str) -> None:
+    """Cover password hashes and whatever in /etc is not world-readable with an unreadable stand-in."""
+    blank_file, blank_dir = os.path.join(staging, "masked-file"), os.path.join(staging, "masked-dir")
+    open(blank_file, "w").close()
+    os.makedirs(blank_dir, exist_ok=True)
+    os.chmod(blank_file, 0)
+    os.chmod(blank_dir, 0)
+    for folder, dirs, files in os.walk("/etc"):
+        for name in [*dirs, *files]:
+            host = os.path.join(folder, name)
+            if os.path.islink(host):
+                continue
+            mode = os.stat(host).st_mode
+            is_dir = name in dirs
+            wanted = 0o005 if is_dir else 0o004
+            if name in ALWAYS_MASKED or mode & wanted != wanted:
+                _mount("--bind", blank_dir if is_dir else blank_file, new_root + host)
+                if is_dir:
+                    dirs.remove(name)
+
+
+def _dev(new_root: str) -> None:
+    """A fresh /dev with harmless devices only."""
+    dev = _point(new_root, "/dev", True)
     _mount("-t", "tmpfs", "-o", "mode=755,size=1m,nosuid,noexec", "tmpfs", dev)
-    for name, major, minor in (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8),
-                               ("urandom", 1, 9), ("tty", 5, 0)):  # fmt: skip
+    for name, major, minor in DEVICES:
         node = os.path.join(dev, name)
         try:
             os.mknod(node, 0o666 | 0o020000, os.makedev(major, minor))
@@ -80,20 +128,40 @@ def _private_dev(staging: str) -> None:
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):  # fmt: skip
         os.symlink(target, os.path.join(dev, name))
-    # Detach the host's /dev with its submounts (pts, shm) so nothing of it stays reachable or listed.
-    result = subprocess.run(["umount", "--recursive", "--lazy", "/dev"], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"umount /dev: {result.stderr.strip()}")
-    _mount("--move", dev, "/dev")
+
+
+def _new_root(spec: dict) -> None:
+    staging = spec["staging"]
+    new_root = os.path.join(staging, "root")
+    os.makedirs(new_root, exist_ok=True)
+    _mount("-t", "tmpfs", "-o", "mode=755,size=4m", "tmpfs", new_root)
+    system = _system(new_root)
+    _mask_etc(new_root, staging)
+    covered = list(system)
+    for path in sorted(set(spec["readable"])):
+        if not os.path.isdir(path) or any(_inside(path, folder) for folder in covered):
+            continue  # already visible (below /usr, or below another readable folder)
+        _mount("--rbind", path, _point(new_root, path, True))
+        covered.append(path)
+    for path in spec["writable"]:
+        if any(_inside(path, folder) for folder in covered):
+            raise RuntimeError(f"the writable folder {path} lies inside the read-only {covered}")
+        _mount("--bind", path, _point(new_root, path, True))
+    _mount("--rbind", "/proc", _point(new_root, "/proc", True))
+    _dev(new_root)
+    _point(new_root, "/tmp", True)  # exists, empty and (below) read-only, as programs expect
+    old = _point(new_root, "/.old-root", True)
+    _run("pivot_root", new_root, old)
+    os.chdir("/")
+    _run("umount", "--recursive", "--lazy", "/.old-root")
+    os.rmdir("/.old-root")
 
 
 _KEEP_FLAGS = ("nosuid", "nodev", "noexec", "relatime", "noatime", "nodiratime", "strictatime")
 
 
 def _read_only_everywhere(writable: list[str]) -> None:
-    for path in writable:
-        _mount("--bind", path, path)
-    keep = {os.path.realpath(p) for p in writable}
+    keep = set(writable)
     for point, options in reversed(_mount_points()):
         if point in keep:
             continue
@@ -114,11 +182,13 @@ def _limits(spec: dict) -> None:
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as handle:
         spec = json.load(handle)
+    # pivot_root lives in sbin, which a user's PATH may lack.
+    os.environ["PATH"] = os.pathsep.join(
+        [os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+    )
     try:
         _mount("--make-rprivate", "/")
-        if spec["drop_to_uid"] is not None:
-            _expose(spec["expose"], spec["staging"])
-        _private_dev(spec["staging"])
+        _new_root(spec)
         _read_only_everywhere(spec["writable"])
         os.chdir(spec["cwd"])
     except (OSError, RuntimeError) as exc:

@@ -5,6 +5,7 @@ write outside the worktree, allocate too much memory or flake each get the right
 from __future__ import annotations
 
 import ast
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -102,11 +103,18 @@ def test_writes_outside_the_worktree_are_denied(
 ) -> None:
     code = f"def test_escape():\n    open({str(outside)!r}, 'w').write('x')\n"
     assert _verdict(repo, isolation, code) == "write_denied"
-    project_file = Path(__file__).resolve().parent / f"escape-{uuid.uuid4().hex}"
+    # The project's interpreter environment is visible, read-only; its checkout is not there at all.
+    venv_file = Path(sys.prefix) / f"escape-{uuid.uuid4().hex}"
     assert (
-        _verdict(repo, isolation, f"def test_escape():\n    open({str(project_file)!r}, 'w')\n")
+        _verdict(repo, isolation, f"def test_escape():\n    open({str(venv_file)!r}, 'w')\n")
         == "write_denied"
     )
+    assert not venv_file.exists()
+    project_file = Path(__file__).resolve().parent / f"escape-{uuid.uuid4().hex}"
+    with open_sandbox(repo[0], repo[1], LIMITS, isolation) as sandbox:
+        sandbox.write("test_hand.py", f"def test_escape():\n    open({str(project_file)!r}, 'w')\n")
+        hidden = judge_test_file(sandbox, "test_hand.py")
+    assert (hidden.verdict, "FileNotFoundError" in hidden.reason) == ("failure", True), hidden.reason
     assert not project_file.exists()
 
 
