@@ -26,10 +26,13 @@ import socket
 import stat
 import subprocess
 import sys
-from contextlib import suppress
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from pydantic import BaseModel, ConfigDict
 
 from lanes_pipeline.settings import data_dir, project_root
@@ -46,6 +49,7 @@ SUPERUSER, DATABASE, HOST = "lanes", "dagster", "127.0.0.1"
 SERVER_OS_USER = "nobody"  # who runs PostgreSQL when we are root
 POSTGRES_YAML = "dagster.postgres.yaml"
 START_TIMEOUT_S = 60
+EXIT_TIMEOUT_S = 10  # from postmaster.pid's removal to the process' exit
 CONNECT_TIMEOUT_S = 5
 # A unix socket's path is at most 107 bytes (sun_path); the socket is <cluster>/.s.PGSQL.<port>.
 MAX_SOCKET_PATH = 107
@@ -198,7 +202,7 @@ def postmaster_pid(folder: Path) -> int | None:
     return int(pid_file.read_text().split()[0]) if pid_file.exists() else None
 
 
-def _init_cluster(cluster: Path, password: str, user: OsUser | None) -> None:
+def _init_cluster(cluster: Path, password: str, user: OsUser | None, sync: bool) -> None:
     cluster.mkdir(mode=0o700)
     pwfile = cluster.parent / ".initdb-password"
     pwfile.touch(mode=0o600)
@@ -209,6 +213,7 @@ def _init_cluster(cluster: Path, password: str, user: OsUser | None) -> None:
                 os.chown(path, user.uid, user.gid)
         argv = [postgres_bin("initdb"), "-D", str(cluster), "-U", SUPERUSER, f"--pwfile={pwfile}"]
         argv += ["--auth=scram-sha-256", "--no-locale", "--encoding=UTF8", "--no-instructions"]
+        argv += [] if sync else ["--no-sync"]  # a scratch cluster need not survive a power cut
         _run(argv, user, f"initdb of {cluster}", cwd=cluster.parent)
     except BaseException:
         shutil.rmtree(cluster, ignore_errors=True)  # a retry starts from an empty folder
@@ -251,9 +256,10 @@ def create_database(server: PostgresServer) -> None:
 
 
 def start(
-    folder: Path | None = None, port: int | None = None, os_user: str = SERVER_OS_USER
+    folder: Path | None = None, port: int | None = None, os_user: str = SERVER_OS_USER, sync: bool = True
 ) -> PostgresServer:
-    """Make (the first time) and start the local server of `folder`; return how to reach it."""
+    """Make (the first time) and start the local server of `folder`; return how to reach it. `sync=False`
+    skips initdb's flush to disk (scratch clusters: tests)."""
     folder = (folder or data_dir() / "postgres").absolute()
     folder.mkdir(parents=True, exist_ok=True)
     cluster, user = cluster_dir(folder), server_os_user(os_user)
@@ -276,7 +282,7 @@ def start(
     if not (cluster / "PG_VERSION").exists():
         shutil.rmtree(cluster, ignore_errors=True)  # what a failed initdb left
         password = secrets.token_urlsafe(24)
-        _init_cluster(cluster, password, user)
+        _init_cluster(cluster, password, user, sync)
     elif saved is None:
         raise PostgresError(
             f"{cluster} exists but {folder / 'server.json'} (its password) is gone: "
@@ -300,10 +306,36 @@ def stop(folder: Path | None = None, os_user: str = SERVER_OS_USER) -> bool:
     folder = (folder or data_dir() / "postgres").absolute()
     if not is_running(folder, os_user):
         return False
+    pid = postmaster_pid(folder)
     argv = [postgres_bin("pg_ctl"), "stop", "-D", str(cluster_dir(folder)), "-m", "fast", "-w"]
     argv += ["-t", str(START_TIMEOUT_S)]
     _run(argv, server_os_user(os_user), f"stopping PostgreSQL of {cluster_dir(folder)}", cwd=folder)
+    # pg_ctl returns once postmaster.pid is gone, which the postmaster removes just before it exits.
+    if pid is not None:
+        with suppress(psutil.NoSuchProcess):
+            try:
+                psutil.Process(pid).wait(timeout=EXIT_TIMEOUT_S)
+            except psutil.TimeoutExpired:
+                raise PostgresError(
+                    f"PostgreSQL of {folder} (pid {pid}) still runs after pg_ctl stop"
+                ) from None
     return True
+
+
+@contextmanager
+def temporary_server(os_user: str = SERVER_OS_USER) -> Iterator[PostgresServer]:
+    """A server in a fresh folder under the system's temporary folder, stopped and removed on leaving (tests).
+    The folder is made passable by everyone: as root, PostgreSQL runs as `os_user`."""
+    folder = Path(tempfile.mkdtemp(prefix="lanes-pg-"))
+    try:
+        folder.chmod(0o755)
+        server = start(folder, os_user=os_user, sync=False)
+        try:
+            yield server
+        finally:
+            stop(folder, os_user)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
