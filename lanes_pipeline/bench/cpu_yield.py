@@ -4,9 +4,9 @@ model.
 A private llama-server on a free port and an empty data folder (LANES_DATA_DIR set to a temporary folder for
 the run: no memo, response cache or artifact of an earlier run counts; only the converted base model is
 linked in, for the dataset's tokenizer). The sample's days are materialized in order through the CPU-lane
-assets (repo_snapshot -> repo_analysis -> generated_tests -> refactor_proposals -> lora_dataset), and
-`results.cpu_yield` gets, per task kind, verified_sampling.KindYield (asked, sampled, accepted,
-targets_with_accepted, pass_at_1, pass_at_n):
+assets (repo_snapshot -> repo_analysis -> generated_tests -> generated_docs and refactor_proposals ->
+lora_dataset), and `results.cpu_yield` gets, per task kind, verified_sampling.KindYield (asked, sampled,
+accepted, targets_with_accepted, pass_at_1, pass_at_n):
 
 - `analysis`: repo_analysis's files (one answer each, not sampled);
 - `tests`: generated_tests, which works symbol by symbol (symbol_test_day): each day's changed symbols, then
@@ -14,7 +14,9 @@ targets_with_accepted, pass_at_1, pass_at_n):
   accepted only if it passes the sandbox runs and kills both mutants of its symbol; one target per symbol
   and day;
 - `refactor`: refactor_proposals's files (one diff each, not sampled);
-- `docs`: not implemented yet: zero counts and a note;
+- `docs`: generated_docs, on generated_tests' symbols of each day (docstring_day): `samples_per_item`
+  docstrings per symbol, each accepted only if it names every parameter and its `>>>` examples pass as
+  doctests in the sandbox; one target per symbol and day;
 
 and `dataset_rows`: lora_dataset's train + eval rows over the days, with the targets of issue 11.
 """
@@ -33,10 +35,17 @@ from dagster import DagsterInstance, load_assets_from_modules, materialize
 from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
 from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
+from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, GeneratedTestRow, RefactorRow
+from lanes_pipeline.cpu_lane.rows import (
+    AnalysisRow,
+    DatasetFigures,
+    GeneratedDocRow,
+    GeneratedTestRow,
+    RefactorRow,
+)
 from lanes_pipeline.cpu_lane.sample_repo import HISTORY
 from lanes_pipeline.cpu_lane.verified_sampling import KindYield, TargetTally, kind_yield
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
@@ -86,7 +95,7 @@ def _materialize(
         "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
     }
     assets = partitioned_daily(
-        load_assets_from_modules([snapshot, analysis, testgen, refactor, lora_dataset]),
+        load_assets_from_modules([snapshot, analysis, testgen, docgen, refactor, lora_dataset]),
         daily_partitions(settings),  # type: ignore[arg-type]
     )
     instance = DagsterInstance.ephemeral()
@@ -146,6 +155,18 @@ def tests_yield(store: ArtifactStore, days: Sequence[str]) -> tuple[KindYield, l
     return kind_yield(tallies), rows
 
 
+def docs_yield(store: ArtifactStore, days: Sequence[str]) -> KindYield:
+    """generated_docs' symbols (docstrings, sampled): one target per symbol row and day."""
+    tallies = [
+        TargetTally(
+            target=f"{day}:{r.repo}:{r.path}::{r.symbol}", sampled=r.sampled, accepted=r.accepted_answers
+        )
+        for day in days
+        for r in read_results(store, "generated_docs", day, GeneratedDocRow)
+    ]
+    return kind_yield(tallies)
+
+
 def coverage_by_day(
     metadata: dict[str, dict[str, dict[str, Any]]], days: Sequence[str]
 ) -> list[dict[str, Any]]:
@@ -167,7 +188,7 @@ def run(settings: Settings) -> dict[str, Any]:
                 "analysis": analysis_yield(store, days),
                 "tests": tests,
                 "refactor": refactor_yield(store, days),
-                "docs": KindYield(note="documentation generation is not implemented yet (issue 11, item 8)"),
+                "docs": docs_yield(store, days),
             }
             dataset = dataset_rows(metadata, days)
         finally:

@@ -43,7 +43,7 @@ from lanes_pipeline.cpu_lane.docstrings import (
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.cpu_lane.repos import Snapshot, git, is_test_path
-from lanes_pipeline.cpu_lane.sandbox import SETUP_FAILED, CommandResult, Isolation, open_sandbox
+from lanes_pipeline.cpu_lane.sandbox import SANDBOX_INIT, SETUP_FAILED, CommandResult, Isolation, open_sandbox
 from lanes_pipeline.cpu_lane.symbol_tests import VerifyPlace
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at
 from lanes_pipeline.cpu_lane.symbols import Symbol
@@ -53,6 +53,7 @@ from lanes_pipeline.settings import SandboxLimits
 DOCS_VERSION = 1  # bump when the prompt, the checks or the gate change: remembered results are forgotten
 PROBE_PATH = ".lanes/doctest_probe.py"
 RESULTS_PATH = ".lanes/doctest_results.json"
+SANDBOX_ERROR = "sandbox_error"
 NO_SANDBOX = frozenset({"no_answer", "no_docstring", "not_inserted", "missing_parameter", "no_example",
                         "unsafe"})  # fmt: skip
 
@@ -138,8 +139,9 @@ def read_probe(command: CommandResult, results: str | None) -> tuple[bool, str]:
     """(passed, what happened) of one probe run, from its process result and its results file."""
     if command.timed_out:
         return False, "timeout: killed at the sandbox's time limit"
-    if command.returncode == SETUP_FAILED and results is None:
-        return False, f"sandbox_error: {command.output[-400:]}"
+    if results is None and (command.returncode == SETUP_FAILED or SANDBOX_INIT.name in command.output):
+        # The sandbox itself failed before the examples ran: no verdict on the answer (not remembered).
+        return False, f"{SANDBOX_ERROR}: {command.output[-400:]}"
     data = None
     if results is not None:
         try:
@@ -342,11 +344,18 @@ class DocsDay:
                 self.asked += len(batch.results)
             self.verified += sum(a.status not in NO_SANDBOX for r in found for a in r.answers)
             for result in found:
-                # A transient failure of some answers is not remembered: the next run asks that symbol again.
-                if not any(a.status == "no_answer" and "too_long" not in a.reason for a in result.answers):
+                # A transient failure (the lane's, or the sandbox's own) is not remembered: the next run
+                # asks that symbol again.
+                if not any(_transient(a) for a in result.answers):
                     self.results.put(keys[result.symbol_id], result.model_dump(mode="json"))
                 known[result.symbol_id] = result.model_dump(mode="json")
         return [DocsResult.model_validate(known[s.id]) for s in targets]
+
+
+def _transient(answer: DocAnswer) -> bool:
+    if answer.status == "no_answer":
+        return "too_long" not in answer.reason
+    return answer.status == "fails_doctest" and f": {SANDBOX_ERROR}: " in answer.reason
 
 
 def run_docs(

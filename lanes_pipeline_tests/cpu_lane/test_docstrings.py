@@ -16,15 +16,18 @@ import pytest
 import yaml
 from dagster import DagsterInstance, materialize
 
+from lanes_pipeline.bench.cpu_yield import docs_yield
 from lanes_pipeline.cpu_lane.assets.docs import day_symbols, doc_row, generated_docs
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import summarize
 from lanes_pipeline.cpu_lane.docstring_day import (
+    DocAnswer,
     DocsConfig,
     DocsDay,
     _Judged,
+    _transient,
     read_probe,
     verify_docs_answers,
 )
@@ -110,8 +113,12 @@ def test_requests_keep_the_fixed_prefix_and_start_the_docstring() -> None:
     assert [r.seed for r in requests[:3]] == [0, 1, 2] and all(r.temperature > 0 for r in requests)
     assert len({r.messages[0].content for r in requests}) == 1  # one system prefix: the prefix cache holds
     assert "repo map" in requests[0].messages[0].content
-    user = requests[0].messages[1].content
-    assert user.startswith("Write the docstring of the target.\n") and "Old words." not in user  # not copied
+    # The worked example's exchange is fixed bytes too: every request shares everything up to the target.
+    assert len({tuple(m.content for m in r.messages[:3]) for r in requests}) == 1
+    assert [m.role for m in requests[0].messages] == ["system", "user", "assistant", "user", "assistant"]
+    user = requests[0].messages[-2].content
+    assert user.startswith("Write the docstring of the target.\n") and "Target: `shout`" in user
+    assert "Old words." not in user  # its own docstring is not shown: written, not copied
     assert requests[0].messages[-1].role == "assistant"
     assert requests[0].messages[-1].content == prefill(found["shout"])
     assert prefill(found["shout"]).endswith('def shout(text: str, *, times: int = 1) -> str:\n    """')
@@ -239,6 +246,24 @@ def test_a_probe_run_reads_as_passed_failed_or_killed() -> None:
     killed = CommandResult(returncode=None, timed_out=True, duration_s=5, output="")
     assert read_probe(killed, None) == (False, "timeout: killed at the sandbox's time limit")
     assert read_probe(failed.model_copy(update={"output": "ImportError: x"}), None)[1].startswith("crashed")
+    # The sandbox failing to start is no verdict on the answer: named so, and not remembered (_transient).
+    setup = failed.model_copy(update={"output": 'File "/x/sandbox_init.py", line 191, in main'})
+    assert read_probe(setup, None)[1].startswith("sandbox_error: ")
+    assert _transient(DocAnswer(sample=0, status="fails_doctest", reason="run 1 of 2: sandbox_error: x"))
+    assert not _transient(DocAnswer(sample=0, status="fails_doctest", reason="run 1 of 2: failure: x"))
+    assert not _transient(DocAnswer(sample=0, status="no_answer", reason="too_long: 9000 tokens"))
+
+
+def test_the_docs_kind_of_the_yield_benchmark_counts_sampled_and_accepted_answers(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    rows = {"2026-11-01": [doc_result_row("accepted", "x"), doc_result_row("fails_doctest", None)],
+            "2026-11-02": [doc_result_row("no_example", None)]}  # fmt: skip
+    for day, found in rows.items():
+        data = json.dumps([r.model_dump(mode="json") for r in found]).encode()
+        store.write_bytes(store.folder("generated_docs", day) / "results.json", data)
+    figures = docs_yield(store, list(rows)).model_dump(exclude_none=True)
+    assert figures == {"asked": 3, "sampled": 6, "accepted": 1, "targets_with_accepted": 1,
+                       "pass_at_1": round(1 / 6, 4), "pass_at_n": round(1 / 3, 4)}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -346,7 +371,7 @@ def test_generated_docs_asks_the_lane_judges_every_answer_and_a_rerun_asks_nothi
     repos = {"repos": [{"name": "tiny", "path": str(repo), "include": ["**/*.py"]}]}
     (config_dir / "repos.yaml").write_text(yaml.safe_dump(repos))
     pipeline = yaml.safe_load((config_dir / "pipeline.yaml").read_text())
-    pipeline["cpu_assets"].update(samples_per_item=2, tests_max_tokens=128,
+    pipeline["cpu_assets"].update(samples_per_item=2, tests_max_tokens=96,
                                   sandbox={"timeout_s": 20, "memory_mb": 768, "runs": 1})  # fmt: skip
     (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
     store = ArtifactStore(tmp_path / "artifacts")
