@@ -178,6 +178,21 @@ class EmbeddedGpuServer(StrictModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
 
 
+class AdapterPathMap(StrictModel):
+    """vLLM on another machine: the adapters folder here and the same folder as that server sees it (kept
+    in sync by a shared filesystem; see the README on pointing the lanes at your own servers)."""
+
+    local: str = Field(description="the adapters folder on this machine, absolute (usually <data>/adapters)")
+    remote: str = Field(description="the same folder as the vLLM server sees it, absolute")
+
+    @field_validator("local", "remote")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r} is not absolute (vLLM would look a relative path up on the Hub)")
+        return os.path.normpath(value)
+
+
 class GpuLane(LaneConnection):
     config_key: ClassVar[str] = "gpu_lane"
     model: str = Field("smollm2-135m-instruct-hf", description="a name in models.yaml with lane: gpu")
@@ -189,6 +204,9 @@ class GpuLane(LaneConnection):
     max_loaded_versions: int = Field(2, ge=1, le=64, description="K: versioned adapters kept loaded")
     sleep_mode: bool = Field(False, description="the server runs with --enable-sleep-mode (CUDA only)")
     embedded: EmbeddedGpuServer = EmbeddedGpuServer()
+    adapter_paths: AdapterPathMap | None = Field(
+        None, description="local adapters folder -> the folder as vLLM sees it; unset: the same path on both"
+    )
 
     @property
     def alias_name(self) -> str:

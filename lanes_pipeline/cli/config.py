@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from dataclasses import fields
 from pathlib import Path
 
 import click
 
-from lanes_pipeline.settings import ConfigError, load_settings
+from lanes_pipeline.gpu_lane.adapters import local_side_problem
+from lanes_pipeline.settings import ConfigError, ConfigIssue, load_settings
 
 
 @click.group()
@@ -36,6 +38,16 @@ def check(config_dir: Path | None) -> None:
             click.echo(str(issue), err=True)
         click.echo(f"{len(exc.issues)} problem(s) found", err=True)
         raise SystemExit(1) from None
+    # Beyond the files' own values: what they name on this machine must exist.
+    problem = local_side_problem(settings.lanes.gpu_lane.adapter_paths)
+    if problem is not None:
+        lanes_file = settings.config_dir / "lanes.yaml"
+        with suppress(ValueError):  # as the other messages say it: relative to the working folder if inside
+            lanes_file = lanes_file.resolve().relative_to(Path.cwd().resolve())
+        issue = ConfigIssue(str(lanes_file), "gpu_lane.adapter_paths.local", problem)
+        click.echo(str(issue), err=True)
+        click.echo("1 problem(s) found", err=True)
+        raise SystemExit(1)
     click.echo(f"{settings.config_dir}: all config files are valid")
 
 

@@ -8,6 +8,7 @@ stable alias (`<prefix>-current`) points, with the history of its moves, so a ro
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import sqlite3
 import struct
@@ -19,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from lanes_pipeline.config_models import AdapterPathMap
 from lanes_pipeline.settings import VLLM_LORA_RANKS
 
 Status = Literal["candidate", "promoted", "rejected", "rolled_back"]
@@ -164,6 +166,9 @@ def supported_target_modules(base_model_dir: Path) -> set[str]:
 
 def check_adapter_dir(adapter_dir: Path, max_lora_rank: int, supported_modules: set[str]) -> None:
     """Raise IncompatibleAdapterError, naming every problem, unless vLLM will load this folder."""
+    if not adapter_dir.is_dir():
+        where = "missing on this machine, where the lane reads it before asking vLLM to load it"
+        raise IncompatibleAdapterError(str(adapter_dir), [Incompatibility(field="folder", reason=where)])
     config_path, weights_path = adapter_dir / ADAPTER_CONFIG, adapter_dir / ADAPTER_WEIGHTS
     missing = [p.name for p in (config_path, weights_path) if not p.is_file()]
     if missing:
@@ -174,6 +179,48 @@ def check_adapter_dir(adapter_dir: Path, max_lora_rank: int, supported_modules: 
     issues += check_weight_keys(safetensors_header(weights_path), supported_modules)
     if issues:
         raise IncompatibleAdapterError(str(adapter_dir), issues)
+
+
+# -- where vLLM finds a folder (pure, but for the local check) -------------------------------------------
+
+
+class AdapterPathMapError(ValueError):
+    pass
+
+
+def vllm_path(local: str, mapping: AdapterPathMap | None) -> str:
+    """The path vLLM is given for the adapter folder `local` of this machine: the same path, or its place
+    under `mapping.remote` when vLLM runs elsewhere (gpu_lane.adapter_paths)."""
+    if mapping is None:
+        return local
+    relative = posixpath.relpath(posixpath.normpath(local), mapping.local) if local.startswith("/") else ".."
+    if relative == ".." or relative.startswith("../"):
+        raise AdapterPathMapError(
+            f"adapter folder {local} is not under gpu_lane.adapter_paths.local ({mapping.local}), so it has "
+            f"no path on vLLM's side ({mapping.remote}); train into that folder or change the mapping"
+        )
+    return mapping.remote if relative == "." else posixpath.join(mapping.remote, relative)
+
+
+def missing_on_vllm_side(local: str, remote: str, mapping: AdapterPathMap | None) -> str:
+    """What to say when vLLM finds no adapter at `remote` although this machine has `local`."""
+    if mapping is None:
+        return (
+            f"the folder is on this machine ({local}) but not on vLLM's side: vLLM must see the same "
+            "absolute path; when it runs on another machine, set gpu_lane.adapter_paths (local -> remote)"
+        )
+    return (
+        f"the folder is on this machine ({local}) but missing on vLLM's side ({remote}, mapped by "
+        f"gpu_lane.adapter_paths {mapping.local} -> {mapping.remote}): sync the adapters folder to the "
+        "server, e.g. by a shared filesystem mounted at that path"
+    )
+
+
+def local_side_problem(mapping: AdapterPathMap | None) -> str | None:
+    """Why the mapping's local side cannot work (for `lanes config check`), or None."""
+    if mapping is None or Path(mapping.local).is_dir():
+        return None
+    return f"{mapping.local} does not exist on this machine (the local side of the mapping)"
 
 
 # -- naming -------------------------------------------------------------------------------------------------

@@ -119,7 +119,8 @@ class VllmClient(OpenAIClient):
             raise AdapterNotLoadedError(f"{where}: {message}", status, message)
         if "no adapter found" in lowered:
             raise AdapterPathNotFoundError(
-                f"{where}: {message} (vLLM must see the same absolute path: is it on the server's machine?)",
+                f"{where}: {message} (vLLM must see the folder at this path: is it on the server's machine? "
+                "gpu_lane.adapter_paths maps a local folder to where vLLM sees it)",
                 status,
                 message,
             )

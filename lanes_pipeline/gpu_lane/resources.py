@@ -145,4 +145,5 @@ def service_for(
         max_loaded=gpu_lane.config.max_loaded_versions,
         max_lora_rank=gpu_lane.config.max_lora_rank,
         supported_modules=supported_target_modules(training.base_model_path()),
+        path_map=gpu_lane.config.adapter_paths,
     )

@@ -12,13 +12,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lanes_pipeline.errors import AdapterNotLoadedError, LaneError, ServingError
+from lanes_pipeline.config_models import AdapterPathMap
+from lanes_pipeline.errors import AdapterNotLoadedError, AdapterPathNotFoundError, LaneError, ServingError
 from lanes_pipeline.gpu_lane.adapters import (
     AdapterRegistry,
     Version,
     check_adapter_dir,
+    missing_on_vllm_side,
     rollback_target,
     versions_to_unload,
+    vllm_path,
 )
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.http import ChatMessage, ChatRequest, ModelCard
@@ -54,6 +57,7 @@ class AdapterService:
     max_loaded: int
     max_lora_rank: int
     supported_modules: set[str]
+    path_map: AdapterPathMap | None = None  # vLLM on another machine: gpu_lane.adapter_paths
 
     # -- reading the server ------------------------------------------------------------------------------
 
@@ -61,7 +65,7 @@ class AdapterService:
         return {card.id: card for card in self.client.adapters()}
 
     def verify(self, name: str, path: str) -> ModelCard:
-        """The adapter is listed under `name`, loaded from `path`, on top of our base model."""
+        """The adapter is listed under `name`, loaded from `path` (as vLLM sees it), on our base model."""
         card = self.loaded().get(name)
         if card is None:
             raise ServingError(
@@ -86,6 +90,19 @@ class AdapterService:
 
     # -- changing it -------------------------------------------------------------------------------------
 
+    @contextmanager
+    def vllm_side(self, local: str) -> Iterator[str]:
+        """The folder `local` as vLLM sees it, after the local side was checked for compatibility (a missing
+        folder is named as missing on this machine); a 'no adapter found' from vLLM inside then says it is
+        vLLM's side that lacks the folder. Used inside `step`, which would hide that error's type."""
+        check_adapter_dir(Path(local), self.max_lora_rank, self.supported_modules)
+        remote = vllm_path(local, self.path_map)
+        try:
+            yield remote
+        except AdapterPathNotFoundError as exc:
+            detail = missing_on_vllm_side(local, remote, self.path_map)
+            raise AdapterPathNotFoundError(f"{exc}; {detail}", exc.status, exc.server_message) from exc
+
     def ensure_loaded(self, version: Version) -> ModelCard:
         """Serve `version` under its own name from its own folder, checked for vLLM compatibility first.
 
@@ -93,13 +110,14 @@ class AdapterService:
         folder it is unloaded and loaded again, never reloaded in place.
         """
         card = self.loaded().get(version.name)
-        if card is not None and card.root == version.path:
-            return self.verify(version.name, version.path)
-        check_adapter_dir(Path(version.path), self.max_lora_rank, self.supported_modules)
-        if card is not None:
-            self.client.unload_adapter(version.name)
-        self.client.load_adapter(version.name, version.path)
-        return self.verify(version.name, version.path)
+        remote = vllm_path(version.path, self.path_map)
+        if card is not None and card.root == remote:
+            return self.verify(version.name, remote)
+        with self.vllm_side(version.path) as remote:
+            if card is not None:
+                self.client.unload_adapter(version.name)
+            self.client.load_adapter(version.name, remote)
+        return self.verify(version.name, remote)
 
     def promote(self, version: Version, reason: str) -> AliasMoveReport:
         """Load the version, check it answers, then move the alias to it and record the move."""
@@ -108,9 +126,9 @@ class AdapterService:
             self.ensure_loaded(version)
         with step(f"smoke request to {version.name}"):
             self.smoke(version.name)
-        with step(f"moving {self.alias} to {version.name}"):
-            self.client.move_alias(self.alias, version.path)
-            self.verify(self.alias, version.path)
+        with step(f"moving {self.alias} to {version.name}"), self.vllm_side(version.path) as remote:
+            self.client.move_alias(self.alias, remote)
+            self.verify(self.alias, remote)
         with step(f"smoke request to {self.alias}"):
             answer = self.smoke(self.alias)
         seconds = time.perf_counter() - started
@@ -130,10 +148,9 @@ class AdapterService:
         leaving = history[-1].version
         target = self.registry.get(target_name)
         started = time.perf_counter()
-        check_adapter_dir(Path(target.path), self.max_lora_rank, self.supported_modules)
-        with step(f"moving {self.alias} back to {target.name}"):
-            self.client.move_alias(self.alias, target.path)
-            self.verify(self.alias, target.path)
+        with step(f"moving {self.alias} back to {target.name}"), self.vllm_side(target.path) as remote:
+            self.client.move_alias(self.alias, remote)
+            self.verify(self.alias, remote)
             answer = self.smoke(self.alias)
         seconds = time.perf_counter() - started
         self.registry.set_status(leaving, "rolled_back")
@@ -151,10 +168,9 @@ class AdapterService:
         with step(f"checking that {self.alias} is served"):
             if self.alias in self.loaded():
                 return []
-        check_adapter_dir(Path(target.path), self.max_lora_rank, self.supported_modules)
-        with step(f"registering {self.alias} again ({target.name})"):
-            self.client.load_adapter(self.alias, target.path)
-            self.verify(self.alias, target.path)
+        with step(f"registering {self.alias} again ({target.name})"), self.vllm_side(target.path) as remote:
+            self.client.load_adapter(self.alias, remote)
+            self.verify(self.alias, remote)
         restored = [self.alias]
         for version in self.recent_versions():
             if version.name not in self.loaded():
