@@ -26,6 +26,9 @@ from lanes_pipeline.config_models import (
     VLLM_LORA_RANKS as VLLM_LORA_RANKS,
 )
 from lanes_pipeline.config_models import (
+    AdapterPathMap as AdapterPathMap,
+)
+from lanes_pipeline.config_models import (
     BandwidthConfig as BandwidthConfig,
 )
 from lanes_pipeline.config_models import (

@@ -20,8 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from lanes_pipeline.config_models import AdapterPathMap
-from lanes_pipeline.settings import VLLM_LORA_RANKS
+from lanes_pipeline.settings import VLLM_LORA_RANKS, AdapterPathMap
 
 Status = Literal["candidate", "promoted", "rejected", "rolled_back"]
 STATUSES: tuple[Status, ...] = ("candidate", "promoted", "rejected", "rolled_back")

@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lanes_pipeline.config_models import AdapterPathMap
 from lanes_pipeline.errors import AdapterNotLoadedError, AdapterPathNotFoundError, LaneError, ServingError
 from lanes_pipeline.gpu_lane.adapters import (
     AdapterRegistry,
@@ -25,6 +24,7 @@ from lanes_pipeline.gpu_lane.adapters import (
 )
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.http import ChatMessage, ChatRequest, ModelCard
+from lanes_pipeline.settings import AdapterPathMap
 
 SMOKE_PROMPT = "Say hello."
 

@@ -20,7 +20,6 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from lanes_pipeline.cli import main
-from lanes_pipeline.config_models import AdapterPathMap
 from lanes_pipeline.errors import AdapterPathNotFoundError, ServingError
 from lanes_pipeline.gpu_lane.adapters import (
     AdapterPathMapError,
@@ -33,7 +32,7 @@ from lanes_pipeline.gpu_lane.adapters import (
 )
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
-from lanes_pipeline.settings import project_root
+from lanes_pipeline.settings import AdapterPathMap, project_root
 
 BASE = "base-model"
 MAP = AdapterPathMap(local="/data/lanes/adapters", remote="/srv/vllm/adapters/")
