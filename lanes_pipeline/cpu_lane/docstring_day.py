@@ -173,6 +173,7 @@ def verify_doc(place: VerifyPlace, symbol: Symbol, documented: Documented) -> tu
             )
             text = results.read_text(encoding="utf-8") if results.is_file() else None
             passed, detail = read_probe(command, text)
+            detail = detail.replace(f"{sandbox.worktree}/", "")  # the same reason from every sandbox
             if not passed:
                 return "fails_doctest", f"run {index + 1} of {runs}: {detail}"[:600]
     return "accepted", f"{detail} in {runs} of {runs} runs"

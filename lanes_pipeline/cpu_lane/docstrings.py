@@ -326,8 +326,6 @@ def read_docstring(symbol: Symbol, text: str) -> tuple[str, str]:
     """(literal, value) of an answer; DocstringError when it holds no docstring."""
     lines = docstring_lines(docstring_text(symbol, text))
     literal = docstring_literal(lines)
-    if "\\" in literal and literal.startswith("r") and re.search(r"\\\s*$", lines[-1]):
-        raise DocstringError("ends with a backslash")
     try:
         value = ast.literal_eval(literal)
     except (SyntaxError, ValueError) as exc:

@@ -137,6 +137,8 @@ def test_an_answer_reads_the_same_with_or_without_the_prefill_echoed() -> None:
     assert value.splitlines()[0] == "Shout the text." and '>>> shout("hi", times=2)' in value
     assert read_docstring(shout, "Say it.")[0] == '"""Say it."""'
     assert read_docstring(shout, r"Split on \n.")[0] == r'r"""Split on \n."""'  # escapes kept as written
+    with pytest.raises(DocstringError, match="not a string literal"):
+        read_docstring(shout, "Ends in a backslash\\")
     for empty in ("", '   \n  """', "```"):
         with pytest.raises(DocstringError, match="empty docstring"):
             read_docstring(shout, empty)
