@@ -28,17 +28,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.docstring_edit import DocstringError, Documented, document
 from lanes_pipeline.cpu_lane.docstrings import (
+    MAX_ROUNDS,
     DocStatus,
-    DocstringError,
-    Documented,
+    continuation,
     docs_batch,
-    document,
     example_problem,
     missing_parameters,
     read_docstring,
     request_id,
+    sample_of,
     unsafe_examples,
+    whole_answer,
 )
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.repo_env import dependency_files_at, ensure_env, read_dependencies
@@ -90,6 +92,16 @@ class DocsResult(Frozen):
     def tally(self) -> TargetTally:
         return TargetTally(target=self.symbol_id, sampled=len(self.answers),
                            accepted=sum(a.accepted for a in self.answers))  # fmt: skip
+
+
+class AskedDocs(BaseModel):
+    """Each sample's answer (its last round that came back, the whole start and continuation as its text),
+    and every batch sent."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    answers: list[ItemResult] = []
+    batches: list[BatchResult] = []
 
 
 class DocsConfig(Frozen):
@@ -337,12 +349,11 @@ class DocsDay:
         known = {i: self.results.get(k) for i, k in keys.items()}
         missing = [s for s in targets if known[s.id] is None]
         if missing:
-            found, batch = run_docs(
+            found, batches = run_docs(
                 send, place, missing, repo_map, self.config.samples, self.config.max_tokens
             )
-            if batch is not None:
-                self.batches.append(batch)
-                self.asked += len(batch.results)
+            self.batches += batches
+            self.asked += sum(len(b.results) for b in batches)
             self.verified += sum(a.status not in NO_SANDBOX for r in found for a in r.answers)
             for result in found:
                 # A transient failure (the lane's, or the sandbox's own) is not remembered: the next run
@@ -359,6 +370,33 @@ def _transient(answer: DocAnswer) -> bool:
     return answer.status == "fails_doctest" and f": {SANDBOX_ERROR}: " in answer.reason
 
 
+def ask_docs(send: Send, symbols: Sequence[Symbol], requests: Sequence[BatchRequest]) -> AskedDocs:
+    """Send the first round, then up to MAX_ROUNDS - 1 rounds for the answers that still lack a section
+    (docstrings.continuation); each sample's answer is its last round that came back."""
+    symbol_of = {request_id(s): s for s in symbols}  # a sample's id is `<request_id>#s<i>`
+    batches: list[BatchResult] = []
+    answers: dict[str, ItemResult] = {}
+    pending = list(requests)
+    for _ in range(MAX_ROUNDS):
+        if not pending:
+            break
+        batch = send(pending)
+        batches.append(batch)
+        follow = []
+        for request, item in zip(pending, batch.results, strict=True):
+            sample = sample_of(request.id)
+            if item.status != "ok" or item.text is None:
+                answers.setdefault(sample, item)  # a later round that fails keeps the earlier answer
+                continue
+            whole = whole_answer(request, item.text)
+            answers[sample] = item.model_copy(update={"id": sample, "text": whole})
+            after = continuation(request, symbol_of[sample.rsplit("#s", 1)[0]], whole)
+            if after is not None:
+                follow.append(after)
+        pending = follow
+    return AskedDocs(answers=list(answers.values()), batches=batches)
+
+
 def run_docs(
     send: Send,
     place: VerifyPlace,
@@ -367,11 +405,10 @@ def run_docs(
     samples: int,
     max_tokens: int | None = None,
     temperature: float = DEFAULT_TEMPERATURE,
-) -> tuple[list[DocsResult], BatchResult | None]:
-    """Ask `samples` docstrings per symbol in one batch and verify them; the batch comes back too, for its
-    figures (None: nothing asked)."""
+) -> tuple[list[DocsResult], list[BatchResult]]:
+    """Ask `samples` docstrings per symbol (in rounds, see ask_docs) and verify them; the batches come back
+    too, for their figures (none: nothing asked)."""
     requests = docs_batch(symbols, shared_context, samples, max_tokens, temperature)
-    batch = send(requests) if requests else None
-    items = batch.results if batch is not None else []
+    asked = ask_docs(send, symbols, requests) if requests else AskedDocs()
     sources = file_sources(place.repo, place.commit, [s.path for s in symbols])
-    return verify_docs_answers(_Judged(place), symbols, sources, items, samples), batch
+    return verify_docs_answers(_Judged(place), symbols, sources, asked.answers, samples), asked.batches

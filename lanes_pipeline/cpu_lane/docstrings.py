@@ -1,5 +1,5 @@
-"""Documentation generation for one symbol: the request, the answer read as a docstring, its checks, the
-docstring written into the symbol's file, the diff, and the training candidates of accepted ones. Pure.
+"""Documentation generation for one symbol: the request, the answer read as a docstring, its checks, and the
+training candidates of accepted ones (docstring_edit.py writes a docstring into its file). Pure.
 
 Prompt layout (prompts.py): the system message holds the fixed instructions and the repo map, then one
 worked example as a user/assistant exchange of its own (fixed bytes), so every request of a repository
@@ -19,7 +19,6 @@ repository's environment inside the sandbox at the day's commit.
 from __future__ import annotations
 
 import ast
-import difflib
 import doctest
 import inspect
 import re
@@ -27,10 +26,9 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate
+from lanes_pipeline.cpu_lane.docstring_edit import Definition, DocstringError, find_node, set_docstring
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind, register
 from lanes_pipeline.cpu_lane.safety import unsafe_calls
 from lanes_pipeline.cpu_lane.symbols import Symbol
@@ -98,47 +96,12 @@ FURTHEST: tuple[DocStatus, ...] = ("fails_doctest", "unsafe", "no_example", "mis
                                    "not_inserted", "no_docstring", "no_answer")  # fmt: skip
 
 
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class DocstringError(ValueError):
-    pass
-
-
-class Documented(Frozen):
-    """A docstring placed in its symbol: the literal as written, its value, the new file and the diff."""
-
-    docstring: str = Field(description="the docstring's value, cleaned as `inspect.cleandoc` does")
-    literal: str = Field(description="the docstring literal as inserted, without indentation")
-    file_source: str = Field(description="the symbol's file with the docstring in place")
-    symbol_source: str = Field(description="the symbol's lines in that file, dedented")
-    diff: str = Field(description="unified diff of the file (a/ b/ paths), hunks inside the symbol")
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Finding the symbol and its parameters
 # ---------------------------------------------------------------------------------------------------------
 
-_Def = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
-
-def find_node(tree: ast.Module, name: str) -> _Def:
-    """The definition of `f`, `C` or `C.m` at module level (the last one, as Python binds it)."""
-    scope: Sequence[ast.stmt] = tree.body
-    node: _Def | None = None
-    parts = name.split(".")
-    for depth, part in enumerate(parts):
-        kinds = _Def if depth == len(parts) - 1 else ast.ClassDef
-        node = next((n for n in reversed(scope) if isinstance(n, kinds) and n.name == part), None)
-        if node is None:
-            raise DocstringError(f"{name!r}: no {part!r} defined at that level")
-        scope = node.body
-    assert node is not None
-    return node
-
-
-def symbol_node(symbol: Symbol) -> _Def:
+def symbol_node(symbol: Symbol) -> Definition:
     """The symbol's own definition, parsed from its source (a method's source is indented: dedented)."""
     tree = ast.parse(textwrap.dedent(symbol.source), filename=symbol.path)
     return find_node(tree, symbol.name.rsplit(".", 1)[-1])
@@ -181,7 +144,7 @@ def missing_parameters(symbol: Symbol, docstring: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _header(node: _Def) -> str:
+def _header(node: Definition) -> str:
     if isinstance(node, ast.ClassDef):
         bases = [ast.unparse(b) for b in node.bases] + [ast.unparse(k) for k in node.keywords]
         return f"class {node.name}({', '.join(bases)}):" if bases else f"class {node.name}:"
@@ -280,6 +243,66 @@ def docs_batch(
     return [r for s in symbols for r in docs_requests(s, shared_context, samples, max_tokens, temperature)]
 
 
+# A small model often closes the docstring after its summary line. The sections it left out are then
+# opened for it (`Args:` with the first parameter's name, or `Examples:` with `>>> f(`) and it is asked to go
+# on from there, in up to this many rounds in all (the first included); each round's request is the same
+# conversation with a longer start of the answer, so it shares the whole prefix of the first.
+MAX_ROUNDS = 3
+ROUND_MARK = "+r"
+
+
+def call_head(symbol: Symbol) -> str:
+    """How an example of the symbol starts: `f(` for a function, `C(` for a class or a method of it."""
+    return f"{symbol.name.split('.', 1)[0]}("
+
+
+def missing_section(symbol: Symbol, body: str) -> str | None:
+    """The opening of the first section `body` (the docstring so far) lacks, to append to it; None when it
+    has both `Args:` (for a symbol with parameters) and a `>>>` example."""
+    indent = _body_indent(symbol)
+    names = parameters(symbol)
+    if names and "Args:" not in body:
+        return f"\n\n{indent}Args:\n{indent}    {names[0]}:"
+    if ">>>" not in body:
+        return f"\n\n{indent}Examples:\n{indent}    >>> {call_head(symbol)}"
+    return None
+
+
+def whole_answer(request: BatchRequest, text: str) -> str:
+    """The answer's start (the last message of `request`) with what the server returned: mainline
+    llama-server returns the start with the continuation, ik_llama.cpp only the continuation."""
+    start = request.messages[-1].content
+    return text if text.startswith(start) else start + text
+
+
+def continuation(request: BatchRequest, symbol: Symbol, whole: str) -> BatchRequest | None:
+    """The next round for an answer (`whole`: its start and continuation so far) that lacks a section: the
+    same request with the answer so far plus the opened section as the start; None when nothing lacks."""
+    body = docstring_text(symbol, whole)
+    opening = missing_section(symbol, body)
+    if opening is None:
+        return None
+    start = prefill(symbol) + body.rstrip() + opening
+    return request.model_copy(
+        update={
+            "id": f"{sample_of(request.id)}{ROUND_MARK}{round_of(request.id) + 1}",
+            "messages": [*request.messages[:-1], ChatMessage(role="assistant", content=start)],
+            "varying_from": len(start),
+        }
+    )
+
+
+def sample_of(request_id: str) -> str:
+    """The sample a round's request belongs to (`docs:p::f#s1+r2` -> `docs:p::f#s1`)."""
+    return request_id.split(ROUND_MARK, 1)[0]
+
+
+def round_of(request_id: str) -> int:
+    """Which round a request is (0: the first; `docs:p::f#s1+r2` -> 2)."""
+    _, mark, number = request_id.partition(ROUND_MARK)
+    return int(number) if mark else 0
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Reading the answer (pure)
 # ---------------------------------------------------------------------------------------------------------
@@ -360,77 +383,6 @@ def unsafe_examples(docstring: str) -> list[str]:
             continue  # it cannot run at all: doctest reports it as a failure
         found += [u for u in unsafe_calls(tree) if u not in found]
     return found
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Writing the docstring into the file, and the diff (pure)
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _has_docstring(node: _Def) -> bool:
-    first = node.body[0]
-    return (
-        isinstance(first, ast.Expr)
-        and isinstance(first.value, ast.Constant)
-        and isinstance(first.value.value, str)
-    )
-
-
-def set_docstring(source: str, name: str, literal: str | None) -> str:
-    """`source` with the docstring of `name` (`f`, `C`, `C.m`) replaced by `literal` (added when it has
-    none; removed when `literal` is None). Only the docstring's lines change."""
-    tree = ast.parse(source)
-    node = find_node(tree, name)
-    lines = source.splitlines(keepends=True)
-    first = node.body[0]
-    before_body = lines[first.lineno - 1].encode("utf-8")[: first.col_offset].decode("utf-8", "ignore")
-    if before_body.strip():  # `def f(x): return x`: no line of its own to put a docstring above
-        raise DocstringError(f"{name}: its body starts on the `def`/`class` line")
-    if _has_docstring(node):
-        end_line = first.end_lineno or first.lineno
-        if len(node.body) > 1 and node.body[1].lineno == end_line:
-            raise DocstringError(f"{name}: another statement shares the docstring's line")
-        start, end = first.lineno - 1, end_line
-    else:
-        start = end = first.lineno - 1
-    text = lines[first.lineno - 1]
-    indent = text[: len(text) - len(text.lstrip())]
-    if literal is None:
-        new: list[str] = []
-    else:
-        new = [f"{indent}{line}\n" if line else "\n" for line in literal.split("\n")]
-    if end == len(lines) and lines and not lines[-1].endswith("\n") and new:
-        new[-1] = new[-1].removesuffix("\n")
-    return "".join([*lines[:start], *new, *lines[end:]])
-
-
-def unified_diff(path: str, before: str, after: str) -> str:
-    """A diff `git apply` takes: a/ b/ paths, and the marker for a last line without a newline."""
-    out = []
-    for line in difflib.unified_diff(
-        before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{path}", f"b/{path}"
-    ):
-        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-    return "".join(out)
-
-
-def document(symbol: Symbol, file_source: str, literal: str) -> Documented:
-    """The docstring written into the symbol's file, checked by reading it back with Python."""
-    new_source = set_docstring(file_source, symbol.name, literal)
-    node = find_node(ast.parse(new_source, filename=symbol.path), symbol.name)
-    value = ast.get_docstring(node)
-    expected = inspect.cleandoc(ast.literal_eval(literal))
-    if value != expected:
-        raise DocstringError(f"{symbol.name}: the docstring does not read back as written")
-    delta = len(new_source.splitlines()) - len(file_source.splitlines())
-    lines = new_source.splitlines(keepends=True)
-    start = find_node(ast.parse(file_source), symbol.name)
-    first = min([start.lineno, *(d.lineno for d in start.decorator_list)])
-    last = (start.end_lineno or start.lineno) + delta
-    own = textwrap.dedent("".join(lines[first - 1 : last]))
-    return Documented(docstring=expected, literal=literal, file_source=new_source,
-                      symbol_source=own.rstrip("\n") + "\n",
-                      diff=unified_diff(symbol.path, file_source, new_source))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -29,19 +29,19 @@ from lanes_pipeline.cpu_lane.docstring_day import (
     _Judged,
     _transient,
     read_probe,
+    run_docs,
     verify_docs_answers,
 )
+from lanes_pipeline.cpu_lane.docstring_edit import DocstringError, document, set_docstring
 from lanes_pipeline.cpu_lane.docstrings import (
-    DocstringError,
     docs_batch,
     docs_candidates,
-    document,
     example_problem,
     missing_parameters,
     parameters,
     prefill,
     read_docstring,
-    set_docstring,
+    round_of,
     unsafe_examples,
 )
 from lanes_pipeline.cpu_lane.memo import Memo
@@ -322,6 +322,39 @@ class FakeLane:
                  for i, r in enumerate(requests)]  # fmt: skip
         self.asked += [r.id for r in requests]
         return BatchResult.model_construct(results=items, summary=summarize(items, 0.1), server=None)
+
+
+class RoundsLane:
+    """Answers each round as a small model would: the summary alone, then the arguments, then an example."""
+
+    ROUNDS = ("Shout the text.\n    ", " what to shout.\n        times: how often.\n    ",
+              '"hi", times=2)\n        \'HI!HI!\'\n    ')  # fmt: skip
+
+    def __init__(self) -> None:
+        self.asked: list[BatchRequest] = []
+
+    def __call__(self, requests: Sequence[BatchRequest]) -> BatchResult:
+        self.asked += requests
+        items = [ItemResult(index=i, id=r.id, key=str(i), status="ok", text=self.ROUNDS[round_of(r.id)])
+                 for i, r in enumerate(requests)]  # fmt: skip
+        return BatchResult.model_construct(results=items, summary=summarize(items, 0.1), server=None)
+
+
+def test_sections_an_answer_left_out_are_opened_for_it_in_further_rounds(tmp_path: Path) -> None:
+    repo, commit = tiny_repo(tmp_path / "repo")
+    place = VerifyPlace(repo=repo, commit=commit, limits=SandboxLimits(timeout_s=30, runs=1),
+                        isolation=detect_isolation())  # fmt: skip
+    shout, lane = symbols()["shout"], RoundsLane()
+    results, batches = run_docs(lane, place, [shout], "map", samples=1)
+    assert [r.id for r in lane.asked] == ["docs:text.py::shout#s0", "docs:text.py::shout#s0+r1",
+                                          "docs:text.py::shout#s0+r2"] and len(batches) == 3  # fmt: skip
+    second, third = (r.messages[-1].content for r in lane.asked[1:])
+    assert second == prefill(shout) + "Shout the text.\n\n    Args:\n        text:"
+    assert third.endswith("times: how often.\n\n    Examples:\n        >>> shout(")
+    assert lane.asked[1].messages[:-1] == lane.asked[0].messages[:-1]  # the same conversation, longer start
+    [answer] = results[0].answers
+    assert answer.status == "accepted", answer.reason
+    assert answer.docstring == read_docstring(shout, GOOD)[1]
 
 
 def snapshot_of(repo: Path, commit: str) -> Snapshot:
