@@ -111,6 +111,7 @@ def hostile_file(host: Host, other_sandbox: Path) -> str:
         "home_folder": f"{_listing(Path.home())} <= set(os.listdir({str(Path.home())!r}))",
         "home": f"os.path.isdir('/home') and {_listing('/home')} <= set(os.listdir('/home'))",
         "shadow": "Path('/etc/shadow').read_bytes() is not None",
+        "shadow_masked": "os.stat('/etc/shadow').st_size > 0",  # not only unreadable: an empty stand-in
         "data_listing": f"'artifacts' in os.listdir({str(host.data)!r})",
         "other_sandbox_listed": f"{other_sandbox.parent.name!r} in os.listdir({str(sandboxes)!r})",
         "pip_cache": f"os.listdir({str(Path.home() / '.cache' / 'pip')!r})",
@@ -163,7 +164,7 @@ def test_hostile_reads_get_nothing_and_the_repository_tests_still_pass(
         other.write("calc_secret.py", "other")
         code = hostile_file(host, other.worktree)
         names = sorted(line[4:].split("(")[0] for line in code.splitlines() if line.startswith("def test_"))
-        assert len(names) == len(host.secrets) + 12
+        assert len(names) == len(host.secrets) + 13
         expected_on_host = {n: "passed" for n in names}
         if not os.access("/etc/shadow", os.R_OK):  # rootless: the host's own user cannot read it either
             expected_on_host["test_shadow"] = "failed"
