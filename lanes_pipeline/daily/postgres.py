@@ -105,12 +105,17 @@ def env_file_text(server: PostgresServer) -> str:
     return f"{header}\n{exports}"
 
 
+def _version_of_bin(path: Path) -> tuple[int, ...]:
+    """/usr/lib/postgresql/<version>/bin/<tool> -> the version as numbers (9.6 -> (9, 6), 15 -> (15,))."""
+    return tuple(int(part) for part in path.parts[-3].split(".") if part.isdigit())
+
+
 def postgres_bin(name: str) -> str:
     """A PostgreSQL server binary: on PATH, else Debian's newest /usr/lib/postgresql/<version>/bin."""
     found = shutil.which(name)
     if found:
         return found
-    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3]))
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=_version_of_bin)
     if not candidates:
         raise PostgresError(
             f"PostgreSQL's `{name}` is neither on PATH nor in /usr/lib/postgresql/*/bin: install the server "
