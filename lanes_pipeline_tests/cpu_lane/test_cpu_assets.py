@@ -4,9 +4,10 @@ One fixture repository with commits on three days (real Python code with tests, 
 prompt-injection text) goes through repo_snapshot -> repo_analysis -> generated_tests ->
 refactor_proposals -> lora_dataset and the asset checks, day by day:
 
-- day 1 runs in full; re-running it is byte-identical and sends nothing (our counters and the server's);
-- day 2 asks only for the changed file; day 3 changes only tests and docs (nothing the pipeline reads
-  changed), so it asks nothing;
+- day 1 runs in full (a first day: one symbol of the backlog, the most referenced); re-running it is
+  byte-identical and sends nothing (our counters and the server's);
+- day 2 asks only for the new symbol and the next one of the backlog, the same symbols in analysis, tests
+  and refactors; day 3 changes only tests and docs (nothing the pipeline reads changed), so it asks nothing;
 - a backfill of day 1 made after day 3 sees day 1's commit and content.
 
 The model is tiny: the tests assert on behaviour (verdicts with reasons, counts of requests, hashes), never
@@ -126,6 +127,7 @@ DIFF_VERDICTS = {
     "wrong_file",
     "empty_diff",
     "too_large",
+    "outside_symbol",
     "no_answer",
 }
 
@@ -186,8 +188,7 @@ class Pipeline:
         pipeline = yaml.safe_load((config_dir / "pipeline.yaml").read_text())
         pipeline["cpu_assets"].update(
             analysis_max_tokens=160,
-            max_files_per_day=1,  # refactors for one changed file a day: fewer requests
-            backlog_per_day=1,  # tests: the day's changed symbols, then one never-covered symbol
+            backlog_per_day=1,  # every asset: the day's changed symbols, then one never-covered symbol
             samples_per_item=2,
             tests_max_tokens=160,
             refactor_max_tokens=128,
@@ -259,11 +260,17 @@ def test_day1_runs_in_full_and_leaves_hostile_files_out(runs: dict[str, Any]) ->
     assert (snap["files"], snap["changed_files"], snap["left_out_files"]) == (2, 2, 1)
     assert "notes.py | prompt_injection" in snap["left_out"]
     analysis_md = day1.metadata["repo_analysis"]
-    assert analysis_md["asked_this_run"] == 2 and analysis_md["llm_requests"] >= 2
-    assert analysis_md["files"] == 2
+    # A first day: no symbol "changed", the backlog's one symbol is the most referenced (by the tests).
+    assert analysis_md["asked_this_run"] == 1 and analysis_md["llm_requests"] >= 1
+    assert (analysis_md["items"], analysis_md["files"], analysis_md["symbols"]) == (1, 1, 2)
+    analyses = runs["day1_results"]["repo_analysis"][0]["files"]
+    assert [(a["path"], a["symbol"]) for a in analyses] == [("shapes.py", "rectangle_area")]
     assert day1.server_tokens[1] > runs["before"][1]  # the server really generated
     tests, diffs = runs["day1_results"]["generated_tests"], runs["day1_results"]["refactor_proposals"]
-    assert [t["path"] for t in tests] == ["shapes.py"] and [d["path"] for d in diffs] == ["shapes.py"]
+    assert [(t["path"], t["symbol"]) for t in tests] == [("shapes.py", "rectangle_area")]
+    assert [(d["path"], d["symbol"]) for d in diffs] == [("shapes.py", "rectangle_area")]
+    assert day1.metadata["refactor_proposals"]["symbols"] == 2  # coverage of the repository's symbols
+    assert "| fixture | 2 |" in str(day1.metadata["refactor_proposals"]["coverage"])
     for item in (*tests, *diffs):
         assert item["verdict"] in TEST_VERDICTS | DIFF_VERDICTS
         assert item["verdict"] in {"passed", "accepted"} or item["reason"]
@@ -282,18 +289,25 @@ def test_rerunning_a_day_is_byte_identical_and_asks_nothing(runs: dict[str, Any]
     for asset in ASSETS:
         assert again.hash(asset) == first.hash(asset), asset
     assert again.requests() == 0
-    assert again.metadata["repo_analysis"]["cache_hits"] == 2
+    assert again.metadata["repo_analysis"]["cache_hits"] == 1
     assert again.server_tokens == first.server_tokens  # the server evaluated and generated nothing
 
 
-def test_day2_asks_only_for_the_changed_file(runs: dict[str, Any]) -> None:
+def test_day2_asks_only_for_the_new_symbol_and_the_backlog(runs: dict[str, Any]) -> None:
     day2 = runs["day2"].metadata
     assert day2["repo_snapshot"]["changed_files"] == 1
-    assert day2["repo_analysis"]["files"] == 2
-    assert day2["repo_analysis"]["asked_this_run"] == 1  # shapes.py; units.py reuses day 1's answer
-    assert day2["repo_analysis"]["memo_hits"] == 1
-    # The new rectangle_perimeter, then one symbol of the backlog (inches_to_cm, never covered yet).
+    # The new rectangle_perimeter, then one symbol of the backlog (inches_to_cm, never covered yet);
+    # rectangle_area, unchanged in the changed file, is not asked again.
+    assert (day2["repo_analysis"]["items"], day2["repo_analysis"]["files"]) == (2, 2)
+    assert day2["repo_analysis"]["asked_this_run"] == 2
+    assert day2["repo_analysis"]["memo_hits"] == 0
     assert day2["generated_tests"]["candidates"] == 2
+    pipeline = runs["pipeline"]
+    analysed = [a["symbol"] for a in pipeline.results("repo_analysis", "2026-11-02")[0]["files"]]
+    proposed = [d["symbol"] for d in pipeline.results("refactor_proposals", "2026-11-02")]
+    tested = [t["symbol"] for t in pipeline.results("generated_tests", "2026-11-02")]
+    assert analysed == proposed == tested == ["rectangle_perimeter", "inches_to_cm"]
+    assert day2["repo_analysis"]["symbols"] == 3  # coverage counts every symbol of the repository
 
 
 def test_a_day_without_change_costs_no_request(runs: dict[str, Any]) -> None:
@@ -301,8 +315,8 @@ def test_a_day_without_change_costs_no_request(runs: dict[str, Any]) -> None:
     day3 = runs["day3"]
     assert day3.metadata["repo_snapshot"]["commits"] == {"fixture": runs["pipeline"].commits[2]}
     assert day3.metadata["repo_snapshot"]["changed_files"] == 0
-    assert day3.metadata["repo_analysis"]["files"] == 2
-    assert day3.metadata["repo_analysis"]["memo_hits"] == 2  # both blobs answered on earlier days
+    assert day3.metadata["repo_analysis"]["items"] == 0  # every symbol covered on earlier days
+    assert day3.metadata["repo_analysis"]["symbols"] == 3
     assert day3.requests() == 0
     assert day3.server_tokens == runs["day2"].server_tokens
     assert day3.metadata["lora_dataset"]["dagster/row_count"] == 0
