@@ -34,6 +34,7 @@ from lanes_pipeline.cpu_lane.docstring_day import (
 )
 from lanes_pipeline.cpu_lane.docstring_edit import DocstringError, document, set_docstring
 from lanes_pipeline.cpu_lane.docstrings import (
+    MAX_ROUNDS,
     docs_batch,
     docs_candidates,
     example_problem,
@@ -406,7 +407,7 @@ def test_generated_docs_asks_the_lane_judges_every_answer_and_a_rerun_asks_nothi
     repos = {"repos": [{"name": "tiny", "path": str(repo), "include": ["**/*.py"]}]}
     (config_dir / "repos.yaml").write_text(yaml.safe_dump(repos))
     pipeline = yaml.safe_load((config_dir / "pipeline.yaml").read_text())
-    pipeline["cpu_assets"].update(samples_per_item=2, tests_max_tokens=96,
+    pipeline["cpu_assets"].update(samples_per_item=1, tests_max_tokens=64,
                                   sandbox={"timeout_s": 20, "memory_mb": 768, "runs": 1})  # fmt: skip
     (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
     store = ArtifactStore(tmp_path / "artifacts")
@@ -426,19 +427,24 @@ def test_generated_docs_asks_the_lane_judges_every_answer_and_a_rerun_asks_nothi
     assets = partitioned_daily([repo_snapshot, generated_docs], daily_partitions(load_settings(config_dir)))  # type: ignore[arg-type]
     instance = DagsterInstance.ephemeral()
 
-    def run() -> dict[str, object]:
-        result = materialize(assets, resources=resources, partition_key=day, instance=instance)
+    def run(asset: str) -> dict[str, object]:
+        result = materialize(assets, resources=resources, partition_key=day, instance=instance,
+                             selection=[asset])  # fmt: skip
         assert result.success
-        [event] = [e for e in result.get_asset_materialization_events()
-                   if e.asset_key.to_user_string() == "generated_docs"]  # fmt: skip
+        [event] = result.get_asset_materialization_events()
         return {k: v.value for k, v in event.materialization.metadata.items()}
 
-    first = run()
-    assert first["llm_requests"] == 2 and first["docs/asked"] == 1 and first["docs/sampled"] == 2
+    # The snapshot first: generated_docs follows generated_tests, which is not materialized here.
+    run("repo_snapshot")
+
+    first = run("generated_docs")
+    # One sample (the suite's time is tight), in up to MAX_ROUNDS rounds (one per section it left out).
+    assert 1 <= first["llm_requests"] <= MAX_ROUNDS
+    assert first["docs/asked"] == 1 and first["docs/sampled"] == 1
     [row] = store.read_json("generated_docs", day, "results.json")
-    assert row["symbol"] == "shout" and row["sampled"] == 2
+    assert row["symbol"] == "shout" and row["sampled"] == 1
     assert row["verdict"] in {"accepted", "no_docstring", "not_inserted", "missing_parameter", "no_example",
                               "unsafe", "fails_doctest"}, row  # fmt: skip
     assert row["verdict"] == "accepted" or row["reason"]
-    again = run()
+    again = run("generated_docs")
     assert again["llm_requests"] == 0 and again["artifact_hash"] == first["artifact_hash"]
