@@ -386,7 +386,10 @@ def ask_docs(send: Send, symbols: Sequence[Symbol], requests: Sequence[BatchRequ
         for request, item in zip(pending, batch.results, strict=True):
             sample = sample_of(request.id)
             if item.status != "ok" or item.text is None:
-                answers.setdefault(sample, item)  # a later round that fails keeps the earlier answer
+                # A round too long for the slot keeps the answer so far; any other failure stands for the
+                # sample (not remembered, asked again next run; the rounds before come from the cache).
+                if sample not in answers or item.failure is None or item.failure.kind != "too_long":
+                    answers[sample] = item.model_copy(update={"id": sample})
                 continue
             whole = whole_answer(request, item.text)
             answers[sample] = item.model_copy(update={"id": sample, "text": whole})

@@ -20,7 +20,7 @@ from lanes_pipeline.bench.cpu_yield import docs_yield
 from lanes_pipeline.cpu_lane.assets.docs import day_symbols, doc_row, generated_docs
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import summarize
 from lanes_pipeline.cpu_lane.docstring_day import (
     DocAnswer,
@@ -28,6 +28,7 @@ from lanes_pipeline.cpu_lane.docstring_day import (
     DocsDay,
     _Judged,
     _transient,
+    ask_docs,
     read_probe,
     run_docs,
     verify_docs_answers,
@@ -356,6 +357,27 @@ def test_sections_an_answer_left_out_are_opened_for_it_in_further_rounds(tmp_pat
     [answer] = results[0].answers
     assert answer.status == "accepted", answer.reason
     assert answer.docstring == read_docstring(shout, GOOD)[1]
+
+
+def test_a_round_that_fails_stands_for_its_sample_unless_it_was_only_too_long() -> None:
+    shout = symbols()["shout"]
+    requests = docs_batch([shout], "map", samples=2)
+
+    def send(batch: Sequence[BatchRequest]) -> BatchResult:
+        items = []
+        for i, r in enumerate(batch):
+            if round_of(r.id) == 0:
+                items.append(ItemResult(index=i, id=r.id, key=str(i), status="ok", text="Shout.\n    "))
+            else:  # the second round: sample 0 meets a server error, sample 1 a prompt too long
+                kind = "server_error" if r.id.startswith(requests[0].id) else "too_long"
+                failure = ItemFailure(kind=kind, reason="r")  # type: ignore[arg-type]
+                items.append(ItemResult(index=i, id=r.id, key=str(i), status="failed", failure=failure))
+        return BatchResult.model_construct(results=items, summary=summarize(items, 0.1), server=None)
+
+    asked = ask_docs(send, [shout], requests)
+    first, second = sorted(asked.answers, key=lambda a: a.id)
+    assert (first.id, first.status) == (requests[0].id, "failed") and len(asked.batches) == 2
+    assert (second.id, second.status, second.text) == (requests[1].id, "ok", prefill(shout) + "Shout.\n    ")
 
 
 def snapshot_of(repo: Path, commit: str) -> Snapshot:
