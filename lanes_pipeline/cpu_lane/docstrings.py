@@ -8,7 +8,9 @@ varies: the symbol's context and its source (its own docstring taken out, so an 
 copied). The assistant's answer is started for it with what must be there: a code block opening the symbol
 (`def f(a, b):` or `class C:` / `    def m(self, x):`) and the opening `\"\"\"` of its docstring; the model
 writes the docstring's text and stops at its closing quotes. A code model has seen that shape more than any
-other.
+other. When the answer lacks a section (a small model often stops after its summary line), the section is
+opened for it (`Args:` and the first parameter's name, or `Examples:` and `>>> f(`) and it goes on from
+there in another round (`continuation`), up to MAX_ROUNDS in all.
 
 An answer becomes a docstring literal as written (its escapes and all), re-indented for its place. It is
 accepted (docstring_day.py) only if it names every parameter of the symbol, holds at least one `>>>`
