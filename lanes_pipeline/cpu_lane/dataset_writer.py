@@ -53,6 +53,11 @@ class Candidate(BaseModel):
     code: str
     answer: str
     symbol: str | None = None
+    code_is_file: bool = Field(
+        True,
+        description="`code` is the whole file (held-out bodies in it are masked for training); False for "
+        "a symbol shown with its context, which holds no other body",
+    )
     held_out: bool = Field(
         False, description="about a held-out symbol: eval split only (holdout.py decides, the asset sets it)"
     )

@@ -62,7 +62,14 @@ def body_candidate(repo: str, symbol: Symbol) -> Candidate:
         code=body_request(symbol),
         answer=f"```python\n{symbol.source.rstrip()}\n```",
         symbol=symbol.name,
+        code_is_file=False,
     )
+
+
+def symbol_with_context(symbol: Symbol) -> str:
+    """A symbol as a per-symbol question shows it: its context, then its source."""
+    context = symbol.context_text()
+    return f"{context}\n\n\n{symbol.source.rstrip()}" if context else symbol.source.rstrip()
 
 
 def fresh_functions(before: Sequence[Symbol], today: Sequence[Symbol]) -> list[Symbol]:
@@ -159,8 +166,7 @@ def route(candidate: Candidate, held_out: Sequence[Symbol]) -> Candidate:
         return candidate.model_copy(update={"held_out": True})
     if leaked(candidate.answer, [body_text(s) for s in held_out]):
         return candidate.model_copy(update={"held_out": True})
-    if candidate.task == "write_body":
-        # Its code is body_request's text (signatures and docstrings only), not the file: no body to mask.
-        return candidate.model_copy(update={"held_out": False})
+    if not candidate.code_is_file:
+        return candidate.model_copy(update={"held_out": False})  # signatures and docstrings: nothing to mask
     in_file = [s for s in held_out if s.path == candidate.path]
     return candidate.model_copy(update={"held_out": False, "code": mask(candidate.code, in_file)})

@@ -172,3 +172,22 @@ def test_only_accepted_results_become_candidates() -> None:
                                                  ("refactor_diff", "a.py")]  # fmt: skip
     assert "os.system" not in " ".join(c.answer for c in found)
     assert explanation(analysis).startswith("Summary: Computes areas.\nPublic API: area\nRisks:\n- negative")
+
+
+def test_a_symbols_analysis_explains_that_symbol_with_its_context_whatever_changed() -> None:
+    """Analyses go by symbol (the day's selection, the backlog included): the row shows the symbol and its
+    context, not the whole file, and is kept though its file did not change that day."""
+    sources = {
+        ("r", "geo.py"): "import math\n\n\ndef area(r):\n    return math.pi * r * r\n\n\n"
+        "def ring(r1, r2):\n    return area(r2) - area(r1)\n",
+    }
+    analysis = FileAnalysis(summary="Area between circles.", public_api=["ring"], risks=[], test_ideas=[],
+                            complexity="low")  # fmt: skip
+    ok = {"path": "geo.py", "blob": "1", "status": "ok", "accepted": True, "analysis": analysis}
+    rows = [AnalysisRow(repo="r", commit="c", files=[
+        FileAnalysisRow(**ok, symbol="ring"), FileAnalysisRow(**ok, symbol="gone")
+    ])]  # fmt: skip
+    [found] = candidates_of_day(rows, [], [], {}, sources)
+    assert (found.task, found.symbol, found.code_is_file) == ("explain", "ring", False)
+    assert "def ring(r1, r2):" in found.code and "import math" in found.code
+    assert "def area(r):" in found.code and "math.pi * r * r" not in found.code  # a callee: its stub only

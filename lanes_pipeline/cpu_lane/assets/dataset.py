@@ -21,9 +21,10 @@ from lanes_pipeline.cpu_lane.assets.common import (
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, load_token_counter, save_dataset, shape
 from lanes_pipeline.cpu_lane.held_out_day import HELD_OUT_FILE, HeldOutDay, RepoHoldOut, held_out_of_repo
-from lanes_pipeline.cpu_lane.holdout import body_candidate, body_text, route
+from lanes_pipeline.cpu_lane.holdout import body_candidate, body_text, route, symbol_with_context
 from lanes_pipeline.cpu_lane.repos import Snapshot, read_blobs
 from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, GeneratedTestRow, RefactorRow
+from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.cpu_lane.tasks import FileAnalysis
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.engines import embedded_hf_model
@@ -59,21 +60,29 @@ def candidates_of_day(
     changed: dict[str, set[str]],
     sources: dict[tuple[str, str], str],
 ) -> list[Candidate]:
-    """Accepted results only: analyses of files changed that day, passing tests, accepted diffs. Pure."""
+    """Accepted results only: analyses (of the day's symbols, or of files changed that day in rows written
+    before analysis went by symbol), passing tests, accepted diffs. Pure."""
     found: list[Candidate] = []
     for repo in analyses:
+        symbols = _symbols_of(repo.repo, sources) if any(f.symbol for f in repo.files) else {}
         for item in repo.files:
-            if item.path in changed.get(repo.repo, set()) and item.accepted and item.analysis is not None:
+            if not item.accepted or item.analysis is None:
+                continue
+            source = sources[(repo.repo, item.path)]
+            if item.symbol is None:
+                if item.path in changed.get(repo.repo, set()):
+                    found.append(
+                        Candidate(task="explain", repo=repo.repo, path=item.path, code=source,
+                                  answer=explanation(item.analysis))
+                    )  # fmt: skip
+                continue
+            symbol = symbols.get((item.path, item.symbol))
+            if symbol is not None:  # gone from the file since it was analysed: nothing to show
+                shown = symbol_with_context(symbol)
                 found.append(
-                    Candidate(
-                        task="explain",
-                        repo=repo.repo,
-                        path=item.path,
-                        code=sources[(repo.repo, item.path)],
-                        answer=explanation(item.analysis),
-                        symbol=item.symbol,
-                    )
-                )
+                    Candidate(task="explain", repo=repo.repo, path=item.path, code=shown,
+                              answer=explanation(item.analysis), symbol=item.symbol, code_is_file=False)
+                )  # fmt: skip
     for test in tests:
         if test.accepted and test.code is not None:
             found.append(
@@ -99,6 +108,12 @@ def candidates_of_day(
                 )
             )
     return found
+
+
+def _symbols_of(repo: str, sources: dict[tuple[str, str], str]) -> dict[tuple[str, str], Symbol]:
+    """(path, name) -> symbol, scanned with the whole repository (callees' context crosses modules)."""
+    scans = scan_repo({path: text for (name, path), text in sources.items() if name == repo})
+    return {(s.path, s.name): s for s in all_symbols(scans)}
 
 
 def tests_by_symbol(rows: list[GeneratedTestRow]) -> dict[tuple[str, str], list[str]]:
