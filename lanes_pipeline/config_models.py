@@ -394,7 +394,6 @@ class CpuAssetsConfig(StrictModel):
 
     max_file_bytes: int = Field(16_000, ge=1, description="larger non-Python files are left out as too_large")
     repo_map_chars: int = Field(3_000, ge=100, description="the repo map (shared prompt prefix) is cut here")
-    max_files_per_day: int = Field(20, ge=1, description="changed files per repo given tests and refactors")
     backlog_per_day: int = Field(
         20, ge=0, description="never-covered symbols per repo taken each day after the changed ones"
     )

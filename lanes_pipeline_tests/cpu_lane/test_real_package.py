@@ -124,7 +124,6 @@ def backfill(
         real_package_repo.path,
         backlog_per_day=BACKLOG_PER_DAY,
         samples_per_item=SAMPLES,
-        max_files_per_day=1,
         analysis_max_tokens=128,
         tests_max_tokens=96,  # a few calls of the symbol: the oracles are written from what they return
         refactor_max_tokens=128,

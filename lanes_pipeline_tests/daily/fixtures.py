@@ -41,10 +41,9 @@ TRAINING = {
         "max_tokens": 128,
     },
 }
-# Less CPU-lane work per day than the shipped defaults: one changed file a day gets tests and a refactor, each
+# Less CPU-lane work per day than the shipped defaults: the changed symbols and one of the backlog, each
 # judged in one sandbox run. The mechanics under test are the same; a 2-core CI machine finishes sooner.
 CPU_ASSETS = {
-    "max_files_per_day": 1,
     # generated_tests works symbol by symbol: a day's backlog and samples stay small, so a day's run is
     # minutes on two cores (test_cpu_assets.py and the cpu_yield benchmark cover the yield itself).
     "backlog_per_day": 1,

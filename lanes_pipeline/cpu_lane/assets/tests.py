@@ -23,7 +23,6 @@ from lanes_pipeline.cpu_lane.assets.common import (
     write_partition,
 )
 from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, is_test_path
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, failures_table, over_failure_ratio
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, GeneratedTestsFigures
 from lanes_pipeline.cpu_lane.sandbox import Isolation, detect_isolation
@@ -33,17 +32,6 @@ from lanes_pipeline.cpu_lane.verified_sampling import kind_yield
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
-
-
-def target_files(snapshot: Snapshot, limit: int) -> list[FileEntry]:
-    """The day's changed source files (not tests themselves), in path order, at most `limit`: the unit of
-    refactor_proposals (generated tests work by symbol)."""
-    changed = set(snapshot.changed)
-    files = [
-        f for f in snapshot.files if f.path in changed and f.language == "python" and not is_test_path(f.path)
-    ]
-    return files[:limit]
-
 
 # Which rejection stands for a symbol without an accepted test: the one that got furthest.
 _FURTHEST = ("survives_mutant", "fails_on_commit", "no_usable_result", "probe_failed", "rejected_static",
