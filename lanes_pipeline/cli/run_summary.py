@@ -17,6 +17,7 @@ from lanes_pipeline.cpu_lane.rows import (
     AnalysisFigures,
     DatasetFigures,
     Figures,
+    GeneratedDocsFigures,
     GeneratedTestsFigures,
     LaneUsageFigures,
     RefactorFigures,
@@ -153,6 +154,14 @@ def _tests(m: Mapping[str, Any]) -> str:
     )
 
 
+def _docs(m: Mapping[str, Any]) -> str:
+    f = GeneratedDocsFigures.read(m)
+    return (
+        f"{f.accepted} of {f.candidates} docstrings accepted; coverage {f.symbols_with_accepted_docs} of "
+        f"{f.symbols} symbols ({f.docs_coverage:.0%})"
+    )
+
+
 def _diffs(m: Mapping[str, Any]) -> str:
     f = RefactorFigures.read(m)
     return (
@@ -172,6 +181,7 @@ RESULTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "repo_snapshot": _snapshot,
     "repo_analysis": _analysis,
     "generated_tests": _tests,
+    "generated_docs": _docs,
     "refactor_proposals": _diffs,
     "lora_dataset": _dataset,
     "lora_adapter": _adapter_result,

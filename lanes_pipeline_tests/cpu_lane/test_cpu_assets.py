@@ -29,6 +29,7 @@ from dagster import AssetKey, DagsterInstance, load_assets_from_modules, materia
 
 from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
+from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
@@ -206,7 +207,7 @@ class Pipeline:
         settings = load_settings(config_dir)
         partitions = daily_partitions(settings)
         self.assets = partitioned_daily(
-            load_assets_from_modules([snapshot, analysis, testgen, refactor, lora_dataset]),
+            load_assets_from_modules([snapshot, analysis, testgen, docgen, refactor, lora_dataset]),
             partitions,  # type: ignore[arg-type]
         )
         self.checks = build_checks(partitions)

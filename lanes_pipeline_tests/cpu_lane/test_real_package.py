@@ -43,6 +43,7 @@ from lanes_pipeline.bench.real_package import (
 )
 from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
+from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.repo_env import dependency_files_at, ensure_env, read_dependencies
@@ -141,7 +142,7 @@ def backfill(
             "pipeline_settings": PipelineSettingsResource(config_dir=str(config_dir)),
         }
         assets = partitioned_daily(
-            load_assets_from_modules([snapshot, analysis, testgen, refactor, lora_dataset]),
+            load_assets_from_modules([snapshot, analysis, testgen, docgen, refactor, lora_dataset]),
             daily_partitions(project),  # type: ignore[arg-type]
         )
         instance = DagsterInstance.ephemeral()

@@ -21,7 +21,7 @@ from lanes_pipeline.cli.run_summary import (
     summarize_day,
 )
 from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.rows import GeneratedTestsFigures
+from lanes_pipeline.cpu_lane.rows import GeneratedDocsFigures, GeneratedTestsFigures
 from lanes_pipeline.definitions import build_definitions
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.client import VllmClient
@@ -141,3 +141,7 @@ def test_summary_shows_the_test_coverage_of_the_days_repositories() -> None:
                                     test_coverage=0.225)  # fmt: skip
     described = RESULTS["generated_tests"](figures.metadata())
     assert described == "2 of 6 tests accepted; coverage 9 of 40 symbols (22%)"
+    docs = GeneratedDocsFigures(candidates=6, accepted=1, symbols=40, symbols_with_accepted_docs=3,
+                                docs_coverage=0.075)  # fmt: skip
+    expected = "1 of 6 docstrings accepted; coverage 3 of 40 symbols (8%)"
+    assert RESULTS["generated_docs"](docs.metadata()) == expected

@@ -1,8 +1,8 @@
 """`lora_dataset`: the day's accepted CPU-lane results as chat records for the GPU lane's LoRA
-(explain <- accepted analyses of changed files, write tests <- accepted tests, propose a diff <- accepted
-diffs) and the user's own new or changed functions (write the body <- the function, see holdout.py),
-scrubbed of secrets and prompt injection, deduplicated, fitted to the base model's max sequence length with
-its own tokenizer, split by held-out symbol (holdout.py), saved with `datasets` at
+(explain <- accepted analyses, write tests <- accepted tests, write docs <- accepted docstrings, propose a
+diff <- accepted diffs) and the user's own new or changed functions (write the body <- the function, see
+holdout.py), scrubbed of secrets and prompt injection, deduplicated, fitted to the base model's max sequence
+length with its own tokenizer, split by held-out symbol (holdout.py), saved with `datasets` at
 `<artifacts>/lora_dataset/<day>/` (the contract in dataset_window.py), plus the replay window's figures."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
@@ -18,12 +18,20 @@ from lanes_pipeline.cpu_lane.assets.common import (
     repo_location,
     write_partition,
 )
+from lanes_pipeline.cpu_lane.assets.docs import generated_docs
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, load_token_counter, save_dataset, shape
+from lanes_pipeline.cpu_lane.docstrings import docs_candidates
 from lanes_pipeline.cpu_lane.held_out_day import HELD_OUT_FILE, HeldOutDay, RepoHoldOut, held_out_of_repo
 from lanes_pipeline.cpu_lane.holdout import body_candidate, body_text, route, symbol_with_context
 from lanes_pipeline.cpu_lane.repos import Snapshot, read_blobs
-from lanes_pipeline.cpu_lane.rows import AnalysisRow, DatasetFigures, GeneratedTestRow, RefactorRow
+from lanes_pipeline.cpu_lane.rows import (
+    AnalysisRow,
+    DatasetFigures,
+    GeneratedDocRow,
+    GeneratedTestRow,
+    RefactorRow,
+)
 from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.cpu_lane.tasks import FileAnalysis
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
@@ -163,7 +171,7 @@ def _no_tokens(messages: list[dict[str, str]]) -> int:
 
 @asset(
     group_name="cpu_lane",
-    deps=[refactor_proposals],
+    deps=[refactor_proposals, generated_docs],
     description="Chat-format LoRA dataset of the day's accepted results (train/eval) and the replay window.",
 )
 @with_host_figures
@@ -191,6 +199,7 @@ def lora_dataset(
         {s.repo: set(s.changed) for s in snapshots},
         sources,
     )
+    candidates += docs_candidates(read_results(store, "generated_docs", day, GeneratedDocRow), sources)
     dataset_config = settings.pipeline.dataset
     held_out_day, splits = held_out_of_day(context, settings, snapshots, tests_by_symbol(generated))
     candidates += [body_candidate(repo, s) for repo, split in sorted(splits.items()) for s in split.taught]
