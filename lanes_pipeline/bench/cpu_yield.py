@@ -8,17 +8,19 @@ assets (repo_snapshot -> repo_analysis -> generated_tests -> generated_docs and 
 lora_dataset), and `results.cpu_yield` gets, per task kind, verified_sampling.KindYield (asked, sampled,
 accepted, targets_with_accepted, pass_at_1, pass_at_n):
 
-- `analysis`: repo_analysis's files (one answer each, not sampled);
+- `analysis`: repo_analysis's symbols (one answer each, not sampled);
 - `tests`: generated_tests, which works symbol by symbol (symbol_test_day): each day's changed symbols, then
   the backlog (`backlog_per_day`), `samples_per_item` answers per symbol, each a set of regression oracles
   accepted only if it passes the sandbox runs and kills both mutants of its symbol; one target per symbol
   and day;
-- `refactor`: refactor_proposals's files (one diff each, not sampled);
+- `refactor`: refactor_proposals's symbols (one diff each, not sampled, confined to the symbol's lines);
 - `docs`: generated_docs, on generated_tests' symbols of each day (docstring_day): `samples_per_item`
   docstrings per symbol, each accepted only if it names every parameter and its `>>>` examples pass as
   doctests in the sandbox; one target per symbol and day;
 
-and `dataset_rows`: lora_dataset's train + eval rows over the days, with the targets of issue 11.
+and `dataset_rows`: lora_dataset's train + eval rows over the days, with the targets of issue 11; then
+`real_package` (bench/real_package.py): a real PyPI package's releases, one a day, through the same assets
+from another empty data folder, with the files left out for size and the day every symbol is covered.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 from dagster import DagsterInstance, load_assets_from_modules, materialize
 
+from lanes_pipeline.bench import real_package
 from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
 from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
@@ -193,7 +196,21 @@ def run(settings: Settings) -> dict[str, Any]:
             dataset = dataset_rows(metadata, days)
         finally:
             server.stop()
-    return report(kinds, dataset, coverage_by_day(metadata, days), rows, days)
+    out = report(kinds, dataset, coverage_by_day(metadata, days), rows, days)
+    # Issue 11's targets on real code nobody here wrote: a PyPI package's releases, one a day.
+    package = real_package.run(settings)
+    out["real_package"] = package
+    out["targets"] |= {
+        "real_package_no_module_left_out_for_size": {
+            "value": package["left_out_for_size"], "met": not package["left_out_for_size"]
+        },
+        "real_package_full_coverage_within_its_days": {
+            "value": package["days_to_full_coverage"], "target": len(package["days"]),
+            "met": package["days_to_full_coverage"] is not None,
+        },
+    }  # fmt: skip
+    out["markdown"] += "\n\n" + package["markdown"]
+    return out
 
 
 def report(
