@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -34,27 +35,46 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _existing(path: Path) -> dict[str, Any]:
+    """The report as earlier runs left it; a file that is not a report is named, never overwritten."""
+    if not path.exists():
+        return {}
+    try:
+        report = json.loads(path.read_text())
+    except ValueError as exc:
+        raise SystemExit(f"{path}: not a benchmark report ({exc}); move it away to start a new one") from exc
+    if not isinstance(report, dict) or not isinstance(report.get("results", {}), dict):
+        raise SystemExit(f"{path}: not a benchmark report (no 'results' object); move it away")
+    return report
+
+
 def main(names: list[str]) -> None:
     # A SIGTERM (a `timeout`, CI) unwinds like Ctrl-C, so each benchmark's finally-blocks stop its servers.
     signal.signal(signal.SIGTERM, _interrupt)
     settings = load_settings()
     out_dir = settings.data_dir / "bench"
     out_dir.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {
+    report = _existing(out_dir / "report.json") | {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
-        "results": {},
     }
+    report.setdefault("results", {})
     for name in names or BENCHMARKS:
         try:
             module = importlib.import_module(f"lanes_pipeline.bench.{name}")
         except ModuleNotFoundError:
             print(f"[bench] {name}: not present, skipped", file=sys.stderr)
             continue
-        started = time.perf_counter()
-        report["results"][name] = module.run(settings)
-        report["results"][name]["wall_s"] = round(time.perf_counter() - started, 1)
+        started, began = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
+        result = module.run(settings)
+        # Each benchmark's figures replace its own entry only: benchmarks run one at a time (hours each on
+        # two cores), and the report keeps the latest run of every one, with when and with which configs.
+        report["results"][name] = result | {
+            "wall_s": round(time.perf_counter() - started, 1),
+            "started": began,
+            "config_dir": str(settings.config_dir),
+        }
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out_dir / "report.md").write_text(_markdown(report))
     print(f"[bench] wrote {out_dir / 'report.json'} and {out_dir / 'report.md'}")
