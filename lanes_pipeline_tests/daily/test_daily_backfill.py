@@ -3,20 +3,28 @@ project's instance, then `lanes backfill --from --to --wait` (the README's comma
 daily_lanes job the UI's Partitions page submits). The backfill completes, every day's assets are
 materialized in that day's one run (lora_adapter's replay window mapping notwithstanding), and training,
 evaluation and promotion happen in day order: day D's adapter is trained, judged and served before day
-D+1's is trained."""
+D+1's is trained.
+
+The instance here is the Postgres variant (dagster.postgres.yaml) on a real local PostgreSQL started for this
+module (lanes_pipeline/daily/postgres.py): the daemon, the backfill's submission and the run workers all share
+it; the other daily tests keep the SQLite instance of dagster.yaml."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg2
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance, EventLogRecord, EventRecordsFilter
+from dagster_postgres import PostgresRunStorage
 
+from lanes_pipeline.daily import postgres
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.settings import Settings, project_root
 from lanes_pipeline_tests.daily.fixtures import DailyProject, daily_project
@@ -63,12 +71,33 @@ def daemon(project: DailyProject) -> Iterator[subprocess.Popen[bytes]]:
         log.close()
 
 
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[postgres.PostgresServer]:
+    """A real PostgreSQL in a scratch folder on a free port, stopped (no process left) after the module."""
+    with postgres.temporary_server() as server:
+        yield server
+
+
 @pytest.fixture
 def project(
-    cpu_server: EmbeddedServer, gpu_server: EmbeddedServer, settings: Settings, tmp_path: Path
+    cpu_server: EmbeddedServer,
+    gpu_server: EmbeddedServer,
+    settings: Settings,
+    tmp_path: Path,
+    pg_server: postgres.PostgresServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> DailyProject:
     # Two training steps a day: the order of the days is under test here, not what the adapter learns.
-    return daily_project(tmp_path, settings, cpu_server.url, gpu_server.url, training={"max_steps": 2})
+    project = daily_project(tmp_path, settings, cpu_server.url, gpu_server.url, training={"max_steps": 2})
+    # The instance on Postgres: the variant's yaml, its LANES_PG_* variables in this process and so in every
+    # process the test starts (the daemon, `lanes backfill`, the run workers they launch).
+    shutil.copy(project_root() / postgres.POSTGRES_YAML, project.dagster_home / "dagster.yaml")
+    for name, value in pg_server.env().items():
+        if name != "DAGSTER_HOME":  # the project's own instance folder keeps the compute logs and artifacts
+            monkeypatch.setenv(name, value)
+    # The schema made now, in one process (a daemon and a CLI creating it at once race on migrations).
+    DagsterInstance.from_config(str(project.dagster_home)).dispose()
+    return project
 
 
 def _records(instance: DagsterInstance, asset: str) -> list[EventLogRecord]:
@@ -88,9 +117,22 @@ def _materializing_runs(instance: DagsterInstance, asset: str) -> dict[str, str]
     return {r.partition_key: r.run_id for r in _records(instance, asset) if r.partition_key}
 
 
+def _connection(server: postgres.PostgresServer) -> dict[str, object]:
+    return {
+        "host": server.host,
+        "port": server.port,
+        "user": server.user,
+        "password": server.password,
+        "dbname": server.db_name,
+    }
+
+
 @pytest.mark.timeout(2400)  # three days of work through the daemon on 2 shared cores
 def test_backfill_of_three_missed_days_runs_them_in_day_order(
-    project: DailyProject, daemon: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+    project: DailyProject,
+    daemon: subprocess.Popen[bytes],
+    monkeypatch: pytest.MonkeyPatch,
+    pg_server: postgres.PostgresServer,
 ) -> None:
     started = time.monotonic()
     result = subprocess.run(
@@ -119,6 +161,7 @@ def test_backfill_of_three_missed_days_runs_them_in_day_order(
 
     monkeypatch.setenv("DAGSTER_HOME", str(project.dagster_home))
     with DagsterInstance.get() as instance:
+        assert isinstance(instance.run_storage, PostgresRunStorage)
         done = {asset: _materializations(instance, asset) for asset in EVERY_DAY}
         made_by = {asset: _materializing_runs(instance, asset) for asset in EVERY_DAY}
         [backfill] = instance.get_backfills()
@@ -139,5 +182,13 @@ def test_backfill_of_three_missed_days_runs_them_in_day_order(
         assert runs_by_day == run_of_day, (
             f"{asset}: materialized in runs {runs_by_day}, days' runs {run_of_day}"
         )
+    # The runs are rows of the Postgres database (no SQLite file took them).
+    connection = psycopg2.connect(**_connection(pg_server))
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT run_id FROM runs")
+            assert sorted(row[0] for row in cursor.fetchall()) == sorted(run.run_id for run in runs)
+    finally:
+        connection.close()
     took = time.monotonic() - started
     print(f"backfill of {len(DAYS)} days in {took:.0f} s, {len(runs)} runs:\n{result.stdout}")
