@@ -169,6 +169,8 @@ def free_port(preferred: int | None = None) -> int:
         if port is None:
             continue
         with socket.socket() as probe, suppress(OSError):
+            # As PostgreSQL binds: the stopped server's own connections in TIME_WAIT do not hold the port.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((HOST, port))
             return int(probe.getsockname()[1])
     raise PostgresError(f"no free port on {HOST}")
