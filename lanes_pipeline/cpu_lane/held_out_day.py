@@ -104,6 +104,10 @@ class RepoHoldOut(BaseModel):
         description="functions new or changed at the commit (all on a first day) that no failing repository "
         "test calls: each becomes a 'write the body' row (held-out ones go to eval)",
     )
+    problem: str | None = Field(
+        None, description="why the tests gave no verdict (a hang killed at the time limit, a crash): no task "
+        "and nothing taught from this repository today, the other repositories go on",
+    )  # fmt: skip
 
 
 def _outcomes(
@@ -165,6 +169,13 @@ def held_out_of_repo(
         functions, sorted({t for tests in fresh.values() for t in tests}), location, snapshot.commit, limits,
         isolation,
     )  # fmt: skip
+    wanted = bool(functions) or any(fresh.values())
+    if wanted and not outcomes:
+        problem = (
+            f"the repository's tests at {snapshot.commit[:12]} gave no report in the sandbox (killed at "
+            f"{limits.timeout_s} s, or crashed)"
+        )
+        return RepoHoldOut(held=held, problem=problem)
     taught = [
         s for s in today.symbols if s.id in fresh and all(outcomes.get(t) == "passed" for t in fresh[s.id])
     ]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import ast
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, render
@@ -21,7 +21,7 @@ from lanes_pipeline.cpu_lane.holdout import (
     mask,
     route,
 )
-from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
+from lanes_pipeline.cpu_lane.repos import CommitSpec, FileEntry, Snapshot, build_history
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation
 from lanes_pipeline.cpu_lane.symbols import all_symbols, scan_repo
 from lanes_pipeline.settings import SandboxLimits
@@ -147,3 +147,18 @@ def test_fresh_functions_are_the_new_and_changed_ones_all_on_a_first_day() -> No
     after = all_symbols(scan_repo({"shapes.py": edited}))
     assert [s.name for s in fresh_functions(before, after)] == ["double", "new"]  # a class is no body task
     assert fresh_functions(before, before) == []
+
+
+def test_a_repository_whose_tests_hang_is_recorded_and_gives_no_task(tmp_path: Path) -> None:
+    hanging = SHAPES_TESTS + "\n\ndef test_hangs():\n    import time\n    double(1)\n    time.sleep(600)\n"
+    when = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    files = {"shapes.py": SHAPES_MODULE, "tests/test_shapes.py": hanging}
+    commit = build_history(tmp_path / "repo", [CommitSpec(when=when, message="hangs", files=files)])
+    snapshot = Snapshot(
+        repo="r", day=date(2026, 11, 1), branch="HEAD", commit=commit,
+        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
+    )  # fmt: skip
+    limits = SandboxLimits(runs=1, timeout_s=5)
+    split = held_out_of_repo(snapshot, tmp_path / "repo", 100, {}, limits, detect_isolation())
+    assert split.functions == [] and split.taught == [] and len(split.held) == 3
+    assert split.problem is not None and "gave no report in the sandbox (killed at 5.0 s" in split.problem

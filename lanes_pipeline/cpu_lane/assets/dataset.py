@@ -158,6 +158,8 @@ def held_out_of_day(
         repos[snapshot.repo] = split
         day.bodies[snapshot.repo] = {s.id: body_text(s) for s in split.held}
         day.functions.extend(split.functions)
+        if split.problem is not None:
+            context.log.warning(f"{snapshot.repo}: no held-out task, nothing taught today: {split.problem}")
         context.log.info(
             f"{snapshot.repo}: {len(split.held)} held-out symbol(s), {len(split.functions)} with passing "
             f"tests; {len(split.taught)} new or changed function(s) to write the body of"
@@ -252,6 +254,9 @@ def lora_dataset(
             "held_out_percent": dataset_config.held_out_percent,
             "held_out_symbols": sum(len(v.held) for v in splits.values()),
             "held_out_tasks": len(held_out_day.functions),
+            "held_out_problems": MetadataValue.json(
+                {repo: split.problem for repo, split in splits.items() if split.problem is not None}
+            ),
             "path": MetadataValue.path(str(target)),
             "artifact_hash": content_hash,
         }
