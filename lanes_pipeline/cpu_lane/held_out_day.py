@@ -154,6 +154,7 @@ def held_out_of_repo(
     accepted: Mapping[str, list[str]],
     limits: SandboxLimits,
     isolation: Isolation | None = None,
+    teach_all: bool = False,
 ) -> RepoHoldOut:
     """The snapshot's held-out symbols, the held-out functions that have passing tests, and the functions
     to teach (see RepoHoldOut)."""
@@ -161,7 +162,11 @@ def held_out_of_repo(
         return RepoHoldOut()
     paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
     today = symbols_at(location, snapshot.commit, paths)
-    before = symbols_at(location, snapshot.previous_commit, paths).symbols if snapshot.previous_commit else []
+    # Functions unchanged since the previous day were taught then, and stay in the replay window; with
+    # nothing taught yet (`teach_all`: no earlier dataset, e.g. a new install's first day, whose repository
+    # need not have changed that day) every function is new to the adapter.
+    since = None if teach_all else snapshot.previous_commit
+    before = symbols_at(location, since, paths).symbols if since else []
     held = held_out_symbols(snapshot.repo, today.symbols, percent)
     functions = _candidates(snapshot.repo, location, snapshot.commit, held, today.test_sources, accepted)
     fresh = {s.id: calling_tests(today.test_sources, s.name) for s in fresh_functions(before, today.symbols)}

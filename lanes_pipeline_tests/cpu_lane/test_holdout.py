@@ -162,3 +162,17 @@ def test_a_repository_whose_tests_hang_is_recorded_and_gives_no_task(tmp_path: P
     split = held_out_of_repo(snapshot, tmp_path / "repo", 100, {}, limits, detect_isolation())
     assert split.functions == [] and split.taught == [] and len(split.held) == 3
     assert split.problem is not None and "gave no report in the sandbox (killed at 5.0 s" in split.problem
+
+
+def test_an_unchanged_day_teaches_nothing_unless_nothing_was_taught_yet(tmp_path: Path) -> None:
+    """A new install's first day may be a day the repository did not change: every function is new to the
+    adapter then; on later unchanged days the functions were taught already (they stay in the window)."""
+    repo, commit = shapes_repo(tmp_path)
+    snapshot = Snapshot(
+        repo="r", day=date(2026, 11, 30), branch="HEAD", commit=commit, previous_commit=commit,
+        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
+    )  # fmt: skip
+    limits = SandboxLimits(runs=1, timeout_s=60)
+    assert held_out_of_repo(snapshot, repo, 0, {}, limits, detect_isolation()).taught == []
+    first = held_out_of_repo(snapshot, repo, 0, {}, limits, detect_isolation(), teach_all=True)
+    assert [s.name for s in first.taught] == ["area", "shout"]  # double's calling test fails: not taught

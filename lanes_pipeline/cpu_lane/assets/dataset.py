@@ -138,6 +138,7 @@ def held_out_of_day(
     settings: Settings,
     snapshots: list[Snapshot],
     accepted: dict[tuple[str, str], list[str]],
+    nothing_taught_yet: bool,
 ) -> tuple[HeldOutDay, dict[str, RepoHoldOut]]:
     """The day's held-out tasks, and each repository's split (repo -> held out, tasks, taught)."""
     percent = settings.pipeline.dataset.held_out_percent
@@ -154,6 +155,7 @@ def held_out_of_day(
             percent,
             ours,
             settings.pipeline.cpu_assets.sandbox,
+            teach_all=nothing_taught_yet,
         )
         repos[snapshot.repo] = split
         day.bodies[snapshot.repo] = {s.id: body_text(s) for s in split.held}
@@ -203,7 +205,8 @@ def lora_dataset(
     )
     candidates += docs_candidates(read_results(store, "generated_docs", day, GeneratedDocRow), sources)
     dataset_config = settings.pipeline.dataset
-    held_out_day, splits = held_out_of_day(context, settings, snapshots, tests_by_symbol(generated))
+    first = not [d for d in dataset_window.available_days(store.root) if d < date.fromisoformat(day)]
+    held_out_day, splits = held_out_of_day(context, settings, snapshots, tests_by_symbol(generated), first)
     candidates += [body_candidate(repo, s) for repo, split in sorted(splits.items()) for s in split.taught]
     candidates = [route(c, splits[c.repo].held if c.repo in splits else []) for c in candidates]
     shaped = shape(
