@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from dagster import MetadataValue
+from dagster import Failure, MetadataValue
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
 from lanes_pipeline.cpu_lane.bandwidth import YieldEvent, YieldPolicy, yielding_to_gpu
@@ -174,6 +174,20 @@ class CpuLaneResource(LaneEndpoint):
 def over_failure_ratio(failed: int, total: int, allowed: float) -> bool:
     """The one failure gate: more than `allowed` (cpu_lane.max_failure_ratio) of `total` failed."""
     return total > 0 and failed / total > allowed
+
+
+def fail_on_transient_failures(
+    asset: str, failed: Sequence[ItemResult], asked: int, allowed: float, metadata: dict[str, Any]
+) -> None:
+    """The failure gate every CPU-lane asset applies: raise a Dagster Failure when more than `allowed` of
+    the `asked` requests failed transiently. What was answered stays remembered, so a re-run asks only for
+    the rest; the failures, each with its reason, go with it."""
+    if over_failure_ratio(len(failed), asked, allowed):
+        raise Failure(
+            description=f"{asset}: {len(failed)} of {asked} requests failed for transient reasons "
+            f"(> {allowed:.0%}); the answers so far are remembered, a re-run asks only for the rest",
+            metadata={**metadata, "cpu_lane/failures": failures_table(failed)},
+        )
 
 
 def _percent(value: float | None) -> str:

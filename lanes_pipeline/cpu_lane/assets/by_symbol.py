@@ -16,15 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dagster import Failure
-
 from lanes_pipeline.cpu_lane.assets.common import LaneUsage, is_transient, md_table
 from lanes_pipeline.cpu_lane.backlog import RepoCoverage, coverage
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
-from lanes_pipeline.cpu_lane.resource import failures_table, over_failure_ratio
+from lanes_pipeline.cpu_lane.resource import fail_on_transient_failures
 from lanes_pipeline.cpu_lane.symbol_test_day import register_of
 from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import symbol_prompt
@@ -77,13 +75,7 @@ class SymbolQuestions:
     def check_failures(self, max_failure_ratio: float) -> None:
         """The lane's failure gate: fail the asset when too many requests failed transiently; what was
         answered stays remembered. The failures, each with its reason, go with it."""
-        if over_failure_ratio(len(self.failures), self.asked, max_failure_ratio):
-            raise Failure(
-                description=f"{self.asset}: {len(self.failures)} of {self.asked} requests failed for "
-                f"transient reasons (> {max_failure_ratio:.0%}); the answers so far are remembered, a re-run "
-                "asks only for the rest",
-                metadata={**self.metadata(), "cpu_lane/failures": failures_table(self.failures)},
-            )
+        fail_on_transient_failures(self.asset, self.failures, self.asked, max_failure_ratio, self.metadata())
 
     def metadata(self) -> dict[str, Any]:
         return {"asked_this_run": self.asked, **self.usage.metadata(self.memo.hits)}

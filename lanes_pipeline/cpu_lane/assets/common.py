@@ -11,14 +11,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dagster import Failure, MetadataValue
+from dagster import MetadataValue
 
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import ItemResult
 from lanes_pipeline.cpu_lane.memo import Memo
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
 from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, read_blobs
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, failures_table, over_failure_ratio
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.cpu_lane.rows import LaneUsageFigures, RowT, read_rows
 from lanes_pipeline.cpu_lane.sample_repo import EMBEDDED_REPO, ensure_sample_repo
 from lanes_pipeline.settings import RepoEntry, Settings
@@ -161,17 +161,8 @@ class LaneQuestions:
     def check_failures(self) -> None:
         """The failure gate (cpu_lane.max_failure_ratio): fail the asset when too many requests failed
         transiently; what was answered stays remembered. The failures, each with its reason, go with it."""
-        allowed = self.cpu_lane.config.max_failure_ratio
-        if over_failure_ratio(len(self.failures), self.asked, allowed):
-            raise Failure(
-                description=f"{self.asset}: {len(self.failures)} of {self.asked} requests failed for "
-                f"transient reasons (> {allowed:.0%}); the answers so far are remembered, a re-run asks only "
-                "for the rest",
-                metadata={
-                    **self.usage.metadata(self.memo.hits),
-                    "cpu_lane/failures": failures_table(self.failures),
-                },
-            )
+        allowed, usage = self.cpu_lane.config.max_failure_ratio, self.usage.metadata(self.memo.hits)
+        fail_on_transient_failures(self.asset, self.failures, self.asked, allowed, usage)
 
     @property
     def transient(self) -> int:

@@ -9,7 +9,7 @@ asks nothing and runs nothing."""
 from collections import Counter
 from typing import Any
 
-from dagster import AssetExecutionContext, Failure, MaterializeResult, asset
+from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from lanes_pipeline.cpu_lane.assets.common import (
     LaneUsage,
@@ -25,7 +25,7 @@ from lanes_pipeline.cpu_lane.assets.tests import generated_tests
 from lanes_pipeline.cpu_lane.docstring_day import DocsConfig, DocsCoverage, DocsDay, DocsResult
 from lanes_pipeline.cpu_lane.docstrings import FURTHEST
 from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, failures_table, over_failure_ratio
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.cpu_lane.rows import GeneratedDocRow, GeneratedDocsFigures, GeneratedTestRow
 from lanes_pipeline.cpu_lane.sandbox import Isolation, detect_isolation
 from lanes_pipeline.cpu_lane.verified_sampling import kind_yield
@@ -123,12 +123,8 @@ def generated_docs(
     for batch in docs.batches:
         usage.add(batch)
     transient = [i for b in docs.batches for i in b.failed() if is_transient(i)]
-    if over_failure_ratio(len(transient), docs.asked, cpu_lane.config.max_failure_ratio):
-        raise Failure(
-            description=f"generated_docs: {len(transient)} of {docs.asked} requests failed for transient "
-            "reasons; what was answered is remembered, a re-run asks only for the rest",
-            metadata={**usage.metadata(results_memo.hits), "cpu_lane/failures": failures_table(transient)},
-        )
+    fail_on_transient_failures("generated_docs", transient, docs.asked, cpu_lane.config.max_failure_ratio,
+                               usage.metadata(results_memo.hits))  # fmt: skip
     content_hash = write_partition(store, "generated_docs", day,
                                    {"results.json": [r.model_dump(mode="json") for r in rows]})  # fmt: skip
     counts = Counter(row.verdict for row in rows)

@@ -10,7 +10,7 @@ repository (symbols, covered so far, with an accepted test) goes into the metada
 from collections import Counter
 from typing import Any
 
-from dagster import AssetExecutionContext, Failure, MaterializeResult, asset
+from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from lanes_pipeline.cpu_lane.assets.analysis import repo_analysis
 from lanes_pipeline.cpu_lane.assets.common import (
@@ -23,7 +23,7 @@ from lanes_pipeline.cpu_lane.assets.common import (
     write_partition,
 )
 from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, failures_table, over_failure_ratio
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, GeneratedTestsFigures
 from lanes_pipeline.cpu_lane.sandbox import Isolation, detect_isolation
 from lanes_pipeline.cpu_lane.symbol_test_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
@@ -116,12 +116,8 @@ def generated_tests(
     for batch in day.batches:
         usage.add(batch)
     transient = [i for b in day.batches for i in b.failed() if is_transient(i)]
-    if over_failure_ratio(len(transient), day.asked, cpu_lane.config.max_failure_ratio):
-        raise Failure(
-            description=f"generated_tests: {len(transient)} of {day.asked} requests failed for transient "
-            "reasons; what was answered is remembered, a re-run asks only for the rest",
-            metadata={**usage.metadata(results_memo.hits), "cpu_lane/failures": failures_table(transient)},
-        )
+    fail_on_transient_failures("generated_tests", transient, day.asked, cpu_lane.config.max_failure_ratio,
+                               usage.metadata(results_memo.hits))  # fmt: skip
     content_hash = write_partition(store, "generated_tests", context.partition_key,
                                    {"results.json": [i.model_dump(mode="json") for i in items]})  # fmt: skip
     counts = Counter(item.verdict for item in items)
