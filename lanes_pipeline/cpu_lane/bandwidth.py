@@ -139,6 +139,10 @@ class YieldReport(BaseModel):
         }
 
 
+# How long the reading that decides a batch's starting cap may take (the thread's polls wait 5 s).
+FIRST_READING_TIMEOUT_S = 30.0
+
+
 class GpuYieldGovernor:
     """Polls the GPU lane's /metrics in a thread and says how many CPU-lane requests may be in flight.
 
@@ -230,11 +234,19 @@ class GpuYieldGovernor:
         self._started = time.monotonic()
         # The first reading comes before any request is admitted: a batch that starts while the GPU lane
         # is busy starts at the minimum, not at full slots for one poll interval.
+        # A vLLM that is generating on a loaded machine can take longer than a poll's 5 s to answer
+        # /metrics (seen in CI: the first reading timed out, the batch started at full slots, and the
+        # next poll read 2 running); this one reading is worth waiting for. A GPU lane that is down
+        # refuses the connection at once, so only a live, slow server costs the wait.
         if self._read is not None:
             self.poll_once(self._read())
         else:
             with VllmClient(
-                self.gpu_url, self.api_key, timeout_s=5.0, connect_timeout_s=2.0, retry=NO_RETRY
+                self.gpu_url,
+                self.api_key,
+                timeout_s=FIRST_READING_TIMEOUT_S,
+                connect_timeout_s=2.0,
+                retry=NO_RETRY,
             ) as client:
                 self.poll_once(gpu_running_requests(client))
         self._initial_cap = self.cap()

@@ -4,8 +4,10 @@ a CPU-lane batch runs on the real llama-server."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,52 @@ def test_the_first_reading_is_taken_before_start_returns() -> None:
     finally:
         busy.stop()
         quiet.stop()
+
+
+class SlowMetrics(BaseHTTPRequestHandler):
+    """A fake vLLM whose /metrics answers after 6 s with two running requests. Fake because a real vLLM's
+    slow /metrics (seen in CI on 2 loaded cores) cannot be produced on demand."""
+
+    def do_GET(self) -> None:
+        time.sleep(6)
+        body = b"".join(
+            b'vllm:%s{model_name="m",engine="0"} %s\n' % sample
+            for sample in (
+                (b"num_requests_running", b"2.0"),
+                (b"prompt_tokens_total", b"10.0"),
+                (b"generation_tokens_total", b"20.0"),
+            )
+        )
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_slow_first_reading_is_waited_for_and_an_absent_gpu_lane_is_not() -> None:
+    """The reading that sets a batch's starting cap outlasts a poll's 5 s timeout; a refused one is quiet."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowMetrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    policy = YieldPolicy(cpu_min_in_flight=1, poll_s=60)
+    slow = GpuYieldGovernor(f"http://127.0.0.1:{server.server_address[1]}", policy)
+    with socket.socket() as closed:  # a port nobody listens on once this socket closes
+        closed.bind(("127.0.0.1", 0))
+        refused_port = closed.getsockname()[1]
+    absent = GpuYieldGovernor(f"http://127.0.0.1:{refused_port}", policy)
+    try:
+        assert slow.start().report().initial_cap == 1
+        started = time.monotonic()
+        assert absent.start().report().initial_cap is None
+        assert time.monotonic() - started < 3
+    finally:
+        slow.stop()
+        absent.stop()
+        server.shutdown()
+        server.server_close()
 
 
 def test_slot_gate_admits_no_more_than_the_cap_and_recovers_when_it_lifts() -> None:
