@@ -12,6 +12,7 @@ from lanes_pipeline.cli.dev import dev
 from lanes_pipeline.cli.report import report
 from lanes_pipeline.cli.run import run
 from lanes_pipeline.cli.serve import serve
+from lanes_pipeline.cli.service import service
 from lanes_pipeline.cli.setup import setup
 from lanes_pipeline.cli.trial import bench, trial
 
@@ -21,5 +22,5 @@ def main() -> None:
     """lanes_pipeline: CPU-lane batch work feeding daily LoRA adapters for the GPU lane."""
 
 
-for command in (config, setup, serve, run, dev, backfill, cpu, adapters, trial, bench, report):
+for command in (config, setup, serve, run, dev, backfill, cpu, adapters, trial, bench, report, service):
     main.add_command(command)
