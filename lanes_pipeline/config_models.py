@@ -12,7 +12,7 @@ from datetime import date
 from typing import Annotated, Any, ClassVar, Literal
 
 from dagster import Config
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class ConfigIssue:
@@ -350,6 +350,15 @@ class TrainingConfig(StrictModel):
     seed: int = 0
     replay_window_days: int = Field(7, ge=1)
     trainer: Literal["loop", "trl"] = Field("loop", description="our loop, or TRL's SFTTrainer ([bench])")
+    launcher: Literal["single", "accelerate"] = Field(
+        "single",
+        description="single: one trainer process; accelerate: `accelerate launch` with `processes` (DDP)",
+    )
+    processes: int = Field(
+        2,
+        ge=1,
+        description="trainer processes under launcher accelerate: one per GPU, or CPU processes (gloo)",
+    )
     warmup_steps: int = Field(0, ge=0)
     gradient_checkpointing: bool = Field(False, description="recompute activations: less memory")
     eval_loss_margin: float = Field(
@@ -367,6 +376,16 @@ class TrainingConfig(StrictModel):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="where the trainer runs: auto = CUDA when torch sees one, else the CPU"
     )
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher_runs_our_loop(cls, value: str, info: ValidationInfo) -> str:
+        # TRL's trainer would start its own distributed setup: only our loop knows how to share the work.
+        if value == "accelerate" and info.data.get("trainer") == "trl":
+            raise ValueError(
+                "'accelerate' runs our loop only (trainer: loop); trainer: trl runs with launcher: single"
+            )
+        return value
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:

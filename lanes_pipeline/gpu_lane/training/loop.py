@@ -12,6 +12,7 @@ from typing import Any
 from lanes_pipeline.gpu_lane.training.data import Example, batches, collate, pack
 from lanes_pipeline.gpu_lane.training.model import assistant_loss, peft_model, shifted_label_count, tensors
 from lanes_pipeline.gpu_lane.training.progress import Progress
+from lanes_pipeline.gpu_lane.training.world import Single, World
 from lanes_pipeline.settings import TrainingConfig
 
 
@@ -44,13 +45,19 @@ def train_loop(
     device: Any,
     dtype: Any,
     progress: Progress,
+    world: World | None = None,
 ) -> dict[str, Any]:
+    """Every process of a `world` runs this on the same examples; see world.py for how they share a step.
+    Counts (tokens, curve) are of the whole step, the same in every process."""
     import torch
+
+    world = world or Single()
 
     model = peft_model(base_model_dir, training, device, dtype)
     sequences = pack(examples, training.max_seq_len) if training.packing else examples
     steps = total_steps(training, len(sequences))
     params = [p for p in model.parameters() if p.requires_grad]
+    world.sync_parameters(params)
     optimizer = torch.optim.AdamW(params, lr=training.learning_rate, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: linear_schedule(s, training.warmup_steps, steps)
@@ -62,20 +69,23 @@ def train_loop(
     tokens = trained = padded = micro_batches = 0
     started = time.perf_counter()
     for step in range(1, steps + 1):
-        group = [
-            collate(next(stream), pad_id, training.packing)
-            for _ in range(training.gradient_accumulation_steps)
-        ]
+        drawn = [next(stream) for _ in range(training.gradient_accumulation_steps)]
+        group = [collate(rows, pad_id, training.packing) for rows in drawn]
         items = sum(shifted_label_count(batch) for batch in group)
         step_loss = 0.0
-        for batch in group:
-            loss = assistant_loss(model, tensors(batch, device), max(1, items))
-            loss.backward()
-            step_loss += float(loss.detach())
+        for rows, batch in zip(drawn, group, strict=True):
+            mine = world.shard(rows)
+            if mine:
+                own = batch if len(mine) == len(rows) else collate(mine, pad_id, training.packing)
+                loss = assistant_loss(model, tensors(own, device), max(1, items))
+                loss.backward()
+                step_loss += float(loss.detach())
             tokens += batch.real_tokens
             padded += sum(len(row) for row in batch.input_ids)
             micro_batches += 1
         trained += items
+        world.sum_gradients(params)  # the whole group's gradient, in every process
+        step_loss = world.sum(step_loss)  # each process's share of the group's token mean
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         schedule.step()

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -30,7 +29,9 @@ from dagster import (
 )
 
 from lanes_pipeline.errors import log_tail
+from lanes_pipeline.gpu_lane.training.launch import trainer_argv
 from lanes_pipeline.gpu_lane.training.spec import EvalReport, EvalSpec, Spec, TrainSpec, TrainSummary
+from lanes_pipeline.settings import TrainingConfig
 
 Event = dict[str, Any]
 DagsterContext = AssetExecutionContext | OpExecutionContext
@@ -67,13 +68,20 @@ def run_evaluation(spec: EvalSpec, log_path: Path, context: DagsterContext | Non
 
 
 def start_trainer(
-    command: str, spec_path: Path, log_path: Path, env: Mapping[str, str] | None = None, pipe: bool = True
+    command: str,
+    spec_path: Path,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    pipe: bool = True,
+    training: TrainingConfig | None = None,
 ) -> subprocess.Popen[str]:
-    """The trainer process; its stderr (and its stdout, unless `pipe`) appended to `log_path`."""
+    """The trainer process (under `accelerate launch` when `training.launcher` says so: then the launcher,
+    whose processes report through its main one); its stderr (and stdout, unless `pipe`) appended to
+    `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "lanes_pipeline.gpu_lane.training", command, str(spec_path)],
+            trainer_argv(command, spec_path, training, cpus=os.cpu_count() or 1),
             stdout=subprocess.PIPE if pipe else log,
             stderr=log,
             stdin=subprocess.DEVNULL,
@@ -100,9 +108,9 @@ def _run(command: str, spec: Spec, log_path: Path, context: DagsterContext | Non
         spec_path = Path(scratch) / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=1))
         if context is None:
-            code, events = _run_printing(command, spec_path, log_path)
+            code, events = _run_printing(command, spec_path, log_path, spec.training)
         else:
-            code, events = _run_in_pipes(command, spec_path, log_path, context)
+            code, events = _run_in_pipes(command, spec_path, log_path, context, spec.training)
     if code != 0:
         raise TrainingError(
             f"the trainer ({command}) exited with code {code}; log: {log_path}\n--- last lines ---\n"
@@ -113,7 +121,7 @@ def _run(command: str, spec: Spec, log_path: Path, context: DagsterContext | Non
 
 
 def _run_in_pipes(
-    command: str, spec_path: Path, log_path: Path, context: DagsterContext
+    command: str, spec_path: Path, log_path: Path, context: DagsterContext, training: TrainingConfig
 ) -> tuple[int, list[Event]]:
     """Progress to the run's log as it happens; the results are the session's custom messages."""
     with open_pipes_session(
@@ -121,7 +129,9 @@ def _run_in_pipes(
         context_injector=PipesTempFileContextInjector(),
         message_reader=PipesTempFileMessageReader(),
     ) as session:
-        process = start_trainer(command, spec_path, log_path, session.get_bootstrap_env_vars(), pipe=False)
+        process = start_trainer(
+            command, spec_path, log_path, session.get_bootstrap_env_vars(), pipe=False, training=training
+        )
         try:
             code = process.wait()
         finally:
@@ -129,9 +139,11 @@ def _run_in_pipes(
     return code, [m for m in session.get_custom_messages() if isinstance(m, dict) and "event" in m]
 
 
-def _run_printing(command: str, spec_path: Path, log_path: Path) -> tuple[int, list[Event]]:
+def _run_printing(
+    command: str, spec_path: Path, log_path: Path, training: TrainingConfig
+) -> tuple[int, list[Event]]:
     """Outside Dagster: the trainer prints one JSON event per line."""
-    process = start_trainer(command, spec_path, log_path)
+    process = start_trainer(command, spec_path, log_path, training=training)
     events: list[Event] = []
     try:
         assert process.stdout is not None

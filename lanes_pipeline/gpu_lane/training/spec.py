@@ -53,6 +53,7 @@ class TrainSummary(BaseModel):
     packing: bool
     seed: int
     lora: LoraSettings
+    processes: int = Field(1, description="trainer processes that shared each step (launcher accelerate)")
 
 
 class EvalResult(BaseModel):

@@ -14,6 +14,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from lanes_pipeline.gpu_lane.training.spec import (
     TrainSummary,
 )
 from lanes_pipeline.gpu_lane.training.trl_baseline import train_trl
+from lanes_pipeline.gpu_lane.training.world import Single, World, open_world
 from lanes_pipeline.gpu_lane.training_window import load_split
 
 PARTIAL_MARK = ".partial-"
@@ -92,42 +94,31 @@ def plot_loss(curve: Sequence[tuple[int, float]], path: Path, title: str) -> Non
     plt.close(figure)
 
 
-def train(spec: TrainSpec, progress: Progress) -> TrainSummary:
+class Silent:
+    """The progress of a trainer process other than the main one: the main one reports for all."""
+
+    def event(self, name: str, **fields: object) -> None:
+        pass
+
+
+def train(spec: TrainSpec, progress: Progress, world: World | None = None) -> TrainSummary | None:
+    """Trains and writes the adapter. With several processes (`world`) each runs this; only the main one
+    writes the adapter and reports (the others return None)."""
+    world = world or Single()
     wall_start = time.perf_counter()
     training = spec.training
     final = Path(spec.output_dir)
     if final.exists():
         raise FileExistsError(f"{final} exists: a version folder is never rewritten")
+    if not world.is_main:
+        _fit(spec, Silent(), world)
+        return None
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(final.parent)
     staging = staging_dir(final)
     staging.mkdir()
     try:
-        seed_everything(training.seed)
-        device, dtype = pick_device(training.device)
-        tokenizer = load_tokenizer(spec.base_model_dir)
-        rows = load_split(spec.dataset_dirs, "train")
-        examples, dropped = encode_rows(tokenizer, rows, training.max_seq_len)
-        if not examples:
-            raise ValueError(
-                f"no trainable rows in {spec.dataset_dirs} (dropped {dropped} without assistant tokens)"
-            )
-        progress.event(
-            "start",
-            device=str(device),
-            dtype=str(dtype).removeprefix("torch."),
-            samples=len(rows),
-            dropped_samples=dropped,
-            trainer=training.trainer,
-            packing=training.packing,
-        )
-        if training.trainer == "trl":
-            kept = [
-                r for r in rows if encode_chat(tokenizer, r["messages"], training.max_seq_len) is not None
-            ]
-            result = train_trl(training, spec.base_model_dir, tokenizer, kept, device, dtype, progress)
-        else:
-            result = train_loop(training, spec.base_model_dir, tokenizer, examples, device, dtype, progress)
+        result, rows, dropped, device, dtype = _fit(spec, progress, world)
         result["model"].save_pretrained(str(staging))
         summary = TrainSummary(
             trainer=training.trainer,
@@ -151,6 +142,7 @@ def train(spec: TrainSpec, progress: Progress) -> TrainSummary:
             packing=training.packing,
             seed=training.seed,
             lora=training.lora,
+            processes=world.size,
         )
         (staging / TRAINING_SUMMARY).write_text(summary.model_dump_json(indent=1) + "\n")
         plot_loss(summary.loss_curve, staging / LOSS_CURVE, f"{final.name}: {summary.steps} steps")
@@ -161,6 +153,41 @@ def train(spec: TrainSpec, progress: Progress) -> TrainSummary:
         raise
     progress.event("done", path=str(final), summary=summary.model_dump(mode="json"))
     return summary
+
+
+def _fit(
+    spec: TrainSpec, progress: Progress, world: World
+) -> tuple[dict[str, Any], list[Any], int, Any, Any]:
+    """The trained model and its counts, with the rows read, how many were dropped, the device and dtype."""
+    training = spec.training
+    seed_everything(training.seed)
+    device, dtype = pick_device(training.device)
+    device = world.device(device)
+    tokenizer = load_tokenizer(spec.base_model_dir)
+    rows = load_split(spec.dataset_dirs, "train")
+    examples, dropped = encode_rows(tokenizer, rows, training.max_seq_len)
+    if not examples:
+        raise ValueError(
+            f"no trainable rows in {spec.dataset_dirs} (dropped {dropped} without assistant tokens)"
+        )
+    progress.event(
+        "start",
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        samples=len(rows),
+        dropped_samples=dropped,
+        trainer=training.trainer,
+        packing=training.packing,
+        processes=world.size,
+    )
+    if training.trainer == "trl":
+        kept = [r for r in rows if encode_chat(tokenizer, r["messages"], training.max_seq_len) is not None]
+        result = train_trl(training, spec.base_model_dir, tokenizer, kept, device, dtype, progress)
+    else:
+        result = train_loop(
+            training, spec.base_model_dir, tokenizer, examples, device, dtype, progress, world
+        )
+    return result, rows, dropped, device, dtype
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -229,11 +256,16 @@ def main(argv: list[str]) -> int:
         return 2
     _die_with_parent()
     raw = Path(argv[1]).read_text(encoding="utf-8")
-    with open_progress() as progress:
-        if argv[0] == "train":
-            train(TrainSpec.model_validate_json(raw), progress)
-        else:
+    if argv[0] == "eval":
+        with open_progress() as progress:
             evaluate(EvalSpec.model_validate_json(raw), progress)
+        return 0
+    spec = TrainSpec.model_validate_json(raw)
+    world = open_world(spec.training)  # under accelerate: joins the other processes
+    # Only the main process talks to Dagster Pipes (or prints the JSON lines the run process reads).
+    with open_progress() if world.is_main else nullcontext(Silent()) as progress:
+        train(spec, progress, world)
+    world.close()
     return 0
 
 
