@@ -152,7 +152,55 @@ class EmbeddedCpuServer(StrictModel):
         return value
 
 
+def normalised_url(url: str) -> str:
+    """A server's URL in one spelling, so two spellings of the same server compare equal: scheme and host in
+    lower case, the scheme's default port made explicit, `localhost` as 127.0.0.1, no trailing slash."""
+    match = re.match(r"^(https?)://([^/:\s]+|\[[^\]]+\])(?::(\d+))?(/.*)?$", url.strip(), re.IGNORECASE)
+    if match is None:
+        return url.strip().rstrip("/")
+    scheme, host, port, path = match.group(1).lower(), match.group(2).lower(), match.group(3), match.group(4)
+    host = "127.0.0.1" if host in ("localhost", "[::1]") else host
+    port = port or ("443" if scheme == "https" else "80")
+    return f"{scheme}://{host}:{int(port)}{(path or '').rstrip('/')}"
+
+
+class CpuEndpoint(StrictModel):
+    """One llama-server of a CPU lane with several (`cpu_lane.endpoints`)."""
+
+    base_url: str = Field(description="the server's URL, e.g. http://10.0.0.5:8081")
+    slots: int = Field(ge=1, le=256, description="requests in flight on it at most (no more than its -np)")
+    api_key_env: str | None = Field(None, description="its key's env var; unset: cpu_lane.api_key_env")
+
+    _api_key_env = field_validator("api_key_env")(_check_env_var_name)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if value == EMBEDDED:
+            raise ValueError(
+                "'embedded' is one bundled server: write `base_url: embedded` instead of an endpoint list"
+            )
+        return _check_base_url(value)
+
+
+def duplicate_endpoints(endpoints: list[CpuEndpoint]) -> list[tuple[int, int]]:
+    """(index, index of its first occurrence) for each endpoint naming a server listed before it."""
+    first: dict[str, int] = {}
+    duplicates = []
+    for index, endpoint in enumerate(endpoints):
+        key = normalised_url(endpoint.base_url)
+        if key in first:
+            duplicates.append((index, first[key]))
+        else:
+            first[key] = index
+    return duplicates
+
+
 class CpuLane(LaneConnection):
+    """The CPU lane: one server (`base_url`) or several (`endpoints`, each with its slots: a batch spreads
+    over them and fails over when one goes down). With `endpoints`, `base_url` is set to the first one's
+    (tools that talk to one server use it); giving another `base_url` beside them is an error."""
+
     config_key: ClassVar[str] = "cpu_lane"
     model: str = Field("smollm2-135m-instruct-q4_1", description="a name in models.yaml with lane: cpu")
     model_alias: str = Field("smollm2", description="the served model name (llama-server -a)")
@@ -169,6 +217,57 @@ class CpuLane(LaneConnection):
         "transient reasons (server down, timeouts), `lanes cpu batch` above this share of failed items",
     )
     embedded: EmbeddedCpuServer = EmbeddedCpuServer()
+    endpoints: list[CpuEndpoint] | None = Field(
+        None,
+        min_length=1,
+        description="several llama-servers, each {base_url, slots, api_key_env}; instead of base_url",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_or_several(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("endpoints") or not isinstance(data["endpoints"], list):
+            return data
+        first = data["endpoints"][0]
+        first_url = first.base_url if isinstance(first, CpuEndpoint) else (first or {}).get("base_url")
+        if not isinstance(first_url, str):
+            return data  # the endpoint's own validation names what is missing
+        given = data.get("base_url")
+        # The first endpoint's URL is what a dump of this model holds as base_url: that is not "both set".
+        if given is not None and normalised_url(str(given)) != normalised_url(first_url):
+            raise ValueError(
+                f"base_url {given!r} and endpoints are both set: give base_url for one server or "
+                "endpoints for several, not both"
+            )
+        return {**data, "base_url": first_url}
+
+    @field_validator("endpoints")
+    @classmethod
+    def _no_duplicates(cls, value: list[CpuEndpoint] | None) -> list[CpuEndpoint] | None:
+        problems = [
+            f"endpoints[{index}] ({value[index].base_url}) is the same server as endpoints[{first}] "
+            f"({value[first].base_url})"
+            for index, first in duplicate_endpoints(value or [])
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    def endpoint_list(self) -> list[CpuEndpoint]:
+        """The servers a batch spreads over: `endpoints`, or the one `base_url` with `max_slots` (which may be
+        'embedded': the resource resolves it)."""
+        if self.endpoints:
+            return [
+                e if e.api_key_env else e.model_copy(update={"api_key_env": self.api_key_env})
+                for e in self.endpoints
+            ]
+        one = {"base_url": self.base_url, "slots": self.max_slots, "api_key_env": self.api_key_env}
+        return [CpuEndpoint.model_construct(**one)]  # not validated: base_url may be 'embedded'
+
+    @property
+    def total_slots(self) -> int:
+        """Requests in flight over all endpoints at most: the sum of their slots, or max_slots."""
+        return sum(e.slots for e in self.endpoints) if self.endpoints else self.max_slots
 
 
 class EmbeddedGpuServer(StrictModel):
@@ -241,10 +340,11 @@ class LanesConfig(StrictModel):
 
     @model_validator(mode="after")
     def _minimum_within_slots(self) -> LanesConfig:
-        if self.bandwidth.cpu_min_in_flight > self.cpu_lane.max_slots:
+        if self.bandwidth.cpu_min_in_flight > self.cpu_lane.total_slots:
+            of = "the sum of cpu_lane.endpoints' slots" if self.cpu_lane.endpoints else "cpu_lane.max_slots"
             raise ValueError(
                 f"bandwidth.cpu_min_in_flight {self.bandwidth.cpu_min_in_flight} exceeds "
-                f"cpu_lane.max_slots {self.cpu_lane.max_slots}"
+                f"{of} {self.cpu_lane.total_slots}"
             )
         return self
 

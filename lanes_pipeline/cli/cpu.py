@@ -122,7 +122,10 @@ class TqdmProgress:
 def lane_config(settings: Settings, **overrides: object) -> LanesConfig:
     """lanes.yaml with the command line's overrides of `cpu_lane` keys (None: not given), validated."""
     given = {key: value for key, value in overrides.items() if value is not None}
-    cpu_lane = CpuLane.model_validate({**settings.lanes.cpu_lane.model_dump(), **given})
+    configured = settings.lanes.cpu_lane.model_dump()
+    if "base_url" in given:  # one server named on the command line: not the configured endpoints
+        configured.pop("endpoints", None)
+    cpu_lane = CpuLane.model_validate({**configured, **given})
     return settings.lanes.model_copy(update={"cpu_lane": cpu_lane})
 
 

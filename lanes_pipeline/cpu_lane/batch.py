@@ -12,8 +12,16 @@ Retries: the client (`http.OpenAIClient`) retries each HTTP request (transport e
 answer after start can be empty), an answer that does not parse gets one repair request, and a failed item
 is recorded with the number of completion requests it took.
 
+Several endpoints (`cpu_lane.endpoints`): each item is handed to the endpoint with the most free slots
+(each endpoint has its own slot gate; the bandwidth cap bounds their total). An endpoint that cannot be
+reached after the client's retries, or that answers 5xx and then fails its health check, goes down: no new
+item goes to it, and its items in flight go back to the queue for the others. The answer cache is keyed by
+the request, so an item is committed once whichever server answers it. With every endpoint down the batch
+fails (AllEndpointsDownError), naming them; what was committed stays.
+
 The models live in `batch_models.py`, parsing and repair in `answer_parsing.py`, the figures in
-`batch_summary.py`, the slot bound in `slots.py`.
+`batch_summary.py`, the slot bound in `slots.py`, the choice of endpoint in `endpoint_choice.py` and
+`endpoint_pool.py`.
 """
 
 from __future__ import annotations
@@ -44,7 +52,14 @@ from lanes_pipeline.cpu_lane.batch_models import (
 )
 from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, BatchSummary, ProgressCallback, summarize
 from lanes_pipeline.cpu_lane.client import CpuClient, FittedPrompt, Overflow, ServerInfo
-from lanes_pipeline.cpu_lane.slots import SlotGate
+from lanes_pipeline.cpu_lane.endpoint_choice import CLAIMS_PER_SLOT, AllEndpointsDownError, EndpointReport
+from lanes_pipeline.cpu_lane.endpoint_pool import (
+    CpuEndpointClient,
+    EndpointPool,
+    LiveEndpoint,
+    open_endpoints,
+)
+from lanes_pipeline.cpu_lane.slots import CapAdmission, SlotGate
 from lanes_pipeline.errors import (
     AuthenticationError,
     LaneConnectionError,
@@ -58,8 +73,9 @@ from lanes_pipeline.http import ChatMessage, ChatRequest, ChatResponse, backoff_
 class BatchResult(BaseModel):
     results: list[ItemResult]
     summary: BatchSummary
-    server: ServerInfo
+    server: ServerInfo  # the first endpoint's facts (the weights every endpoint serves)
     bandwidth: YieldReport | None = None  # what yielding to the GPU lane cost, when it was watched
+    endpoints: list[EndpointReport] = []  # per endpoint: slots, items answered, whether it went down
 
     def failed(self) -> list[ItemResult]:
         return [r for r in self.results if r.status == "failed"]
@@ -102,6 +118,19 @@ class _EmptyAnswer(Exception):
         self.sent = sent
 
 
+class _Requeue(Exception):
+    """The item's endpoint went down: the item goes back to the queue for the others."""
+
+    def __init__(self, sent: int) -> None:
+        self.sent = sent
+
+
+@dataclass(frozen=True)
+class _Requeued:
+    index: int
+    sent: int  # completion requests it took on the endpoint that went down
+
+
 class _ItemFailed(Exception):
     def __init__(self, kind: FailureKind, reason: str, sent: int) -> None:
         self.kind, self.reason, self.sent = kind, reason, sent
@@ -124,29 +153,38 @@ def failure_kind(error: LaneStatusError | LaneUnreachableError) -> FailureKind:
 class BatchRunner:
     def __init__(
         self,
-        client: CpuClient,
+        client: CpuClient | Sequence[CpuEndpointClient],
         cache: ResponseCache,
         config: BatchConfig,
         seed: int | None = None,
         cap: Callable[[], int | None] | None = None,
     ) -> None:
-        """`cap`: see SlotGate (the bandwidth governor's cap on in-flight requests). `seed`: the jitter of
-        the waits before asking again after an empty answer."""
-        self.client, self.cache, self.config, self.cap = client, cache, config, cap
+        """`client`: one server (with `config.max_slots`), or several endpoints, each with its slots.
+        `cap`: see SlotGate (the bandwidth governor's cap on in-flight requests, over all endpoints).
+        `seed`: the jitter of the waits before asking again after an empty answer."""
+        self.endpoints = (
+            [CpuEndpointClient(client, config.max_slots)] if isinstance(client, CpuClient) else list(client)
+        )
+        self.client = self.endpoints[0].client
+        self.cache, self.config, self.cap = cache, config, cap
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
-        self.gate: SlotGate | None = None
+        self.gate: SlotGate | None = None  # the first endpoint's, once a batch runs
+        self.pool: EndpointPool | None = None
 
-    def prepare(self) -> ServerInfo:
-        self.client.wait_ready(self.config.ready_timeout_s)
-        return self.client.server_info(self.config.configured_model)
+    def prepare(self) -> EndpointPool:
+        admission = CapAdmission(self.cap)
+        config = self.config
+        return open_endpoints(
+            self.endpoints, config.configured_model, config.ready_timeout_s, config.lease_dir, admission
+        )
 
     def run(self, requests: Sequence[BatchRequest], progress: ProgressCallback | None = None) -> BatchResult:
         started = time.monotonic()
-        info = self.prepare()
-        limit = max(1, min(self.config.max_slots, info.total_slots))
-        lease_dir = self.config.lease_dir / _url_slug(info.url) if self.config.lease_dir else None
-        self.gate = SlotGate(limit, lease_dir, cap=self.cap)
+        self.pool = pool = self.prepare()
+        info = pool.live[0].info
+        limit = pool.total_limit
+        self.gate = pool.live[0].gate
 
         keys = [cache_key(r.chat_request(self.config.model_alias), info.fingerprint) for r in requests]
         entries = self.cache.get_many(keys)
@@ -177,29 +215,45 @@ class BatchRunner:
 
         report()
         first, waiting = prefix_groups(requests, pending)
-        # Twice the slots in threads: token counting for the next item overlaps generation; the gate keeps
-        # completion requests at `limit`.
-        with ThreadPoolExecutor(max_workers=2 * limit, thread_name_prefix="cpu-lane") as pool:
+        by_url = {e.client.base_url: e.index for e in pool.live}
+        lost_sends: Counter[int] = Counter()  # requests sent for an item on endpoints that went down
+        # Twice the slots in threads: token counting for the next item overlaps generation; the gates keep
+        # completion requests at each endpoint's slots.
+        workers = CLAIMS_PER_SLOT * limit
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cpu-lane") as threads:
 
-            def submit(i: int) -> Future[ItemResult]:
-                return pool.submit(self._run_item, i, requests[i], keys[i], info)
+            def submit(i: int, preferred: int | None = None) -> Future[ItemResult | _Requeued]:
+                return threads.submit(self._run_item, i, requests[i], keys[i], info, preferred)
 
             remaining = {submit(i) for i in first}
             try:
                 while remaining:
                     finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
                     for future in finished:
-                        result = future.result()  # only AuthenticationError and bugs get here: they end it
+                        # Only AuthenticationError, AllEndpointsDownError and bugs raise here: they end it.
+                        result = future.result()
+                        if isinstance(result, _Requeued):  # its endpoint went down: ask another
+                            lost_sends[result.index] += result.sent
+                            remaining.add(submit(result.index))
+                            continue
+                        if lost_sends[result.index]:
+                            result.requests_sent += lost_sends[result.index]
                         results[result.index] = result
                         counts["failed" if result.status == "failed" else "answered"] += 1
-                        # The prefix is in a slot's cache now (or the leader failed: go on anyway).
-                        remaining |= {submit(i) for i in waiting.pop(result.index, [])}
+                        # The prefix is in that server's slot cache now (or the leader failed: go on anyway).
+                        near = by_url.get(result.endpoint or "")
+                        remaining |= {submit(i, near) for i in waiting.pop(result.index, [])}
                         report()
             except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
+                threads.shutdown(wait=True, cancel_futures=True)
                 raise
         final = [r for r in results if r is not None]
-        return BatchResult(results=final, summary=summarize(final, time.monotonic() - started), server=info)
+        return BatchResult(
+            results=final,
+            summary=summarize(final, time.monotonic() - started),
+            server=info,
+            endpoints=pool.reports(),
+        )
 
     def _usable(self, entry: CacheEntry, request: BatchRequest, info: ServerInfo) -> bool:
         if entry.shrunk_for_ctx is not None and (
@@ -213,24 +267,42 @@ class BatchRunner:
                 return False  # the model's validators changed since: ask again
         return True
 
-    def _run_item(self, index: int, request: BatchRequest, key: str, info: ServerInfo) -> ItemResult:
+    def _run_item(
+        self, index: int, request: BatchRequest, key: str, info: ServerInfo, preferred: int | None
+    ) -> ItemResult | _Requeued:
+        """The item on one endpoint, chosen now; `info` is the batch's (its weights fingerprint)."""
+        assert self.pool is not None
+        endpoint = self.pool.claim(preferred)
+        try:
+            return self._on_endpoint(endpoint, index, request, key, info)
+        except _Requeue as exc:
+            self.pool.gave_back(endpoint)
+            return _Requeued(index, exc.sent)
+        finally:
+            self.pool.release(endpoint)
+
+    def _on_endpoint(
+        self, endpoint: LiveEndpoint, index: int, request: BatchRequest, key: str, info: ServerInfo
+    ) -> ItemResult:
         sent = 0
+        server = endpoint.info  # its own context decides what fits; the weights are the batch's
         try:
             fitted = self._fit(
+                endpoint,
                 request.id,
                 request.messages,
                 request.varying_from,
                 request.max_tokens,
-                info,
                 self.config.overflow,
             )
-            answer = self._send(request.chat_request(self.config.model_alias, fitted.messages), request.id)
+            chat = request.chat_request(self.config.model_alias, fitted.messages)
+            answer = self._send(endpoint, chat, request.id)
             sent += answer.sent
             text, parsed, repaired = answer.response.text, None, False
             if request.json_schema is not None:
                 outcome = parse_structured(text, request.output_model)
                 if not outcome.ok:
-                    answer, outcome = self._repair(request, fitted.messages, answer, outcome.error, info)
+                    answer, outcome = self._repair(endpoint, request, fitted.messages, answer, outcome.error)
                     sent += answer.sent
                     repaired = True
                 text, parsed = answer.response.text, outcome.value
@@ -239,6 +311,9 @@ class BatchRunner:
         except _ItemFailed as exc:
             exc.sent += sent
             return self._failed(index, request, key, info, exc)
+        except _Requeue as exc:
+            exc.sent += sent
+            raise
         entry = CacheEntry(
             key=key,
             fingerprint=info.fingerprint,
@@ -246,11 +321,13 @@ class BatchRunner:
             text=text,
             parsed=parsed,
             metrics=answer.metrics.model_dump(),
-            shrunk_for_ctx=info.per_slot_ctx if fitted.shrunk else None,
+            shrunk_for_ctx=server.per_slot_ctx if fitted.shrunk else None,
             attempts=sent,
             repaired=repaired,
         )
         self.cache.put(entry)  # committed before the item counts as done: a kill after this loses nothing
+        assert self.pool is not None
+        self.pool.answered(endpoint)
         return ItemResult(
             index=index,
             id=request.id,
@@ -262,15 +339,16 @@ class BatchRunner:
             requests_sent=sent,
             repaired=repaired,
             shrunk=fitted.shrunk,
+            endpoint=endpoint.client.base_url,
         )
 
     def _repair(
         self,
+        endpoint: LiveEndpoint,
         request: BatchRequest,
         sent_messages: list[ChatMessage],
         first: _Answer,
         error: str,
-        info: ServerInfo,
     ) -> tuple[_Answer, ParseOutcome]:
         """One repair attempt; still unparseable afterwards -> the item fails as 'unparseable'."""
         fixed = repair_request(
@@ -280,12 +358,13 @@ class BatchRunner:
             first.metrics.truncated,
         )
         try:
-            fitted = self._fit(request.id, fixed.messages, None, fixed.max_tokens, info, "error")
+            fitted = self._fit(endpoint, request.id, fixed.messages, None, fixed.max_tokens, "error")
         except PromptTooLongError:
             raise _ItemFailed(
                 "unparseable", f"{error} (no room left in the context for a repair)", 0
             ) from None
-        answer = self._send(fixed.chat_request(self.config.model_alias, fitted.messages), request.id)
+        chat = fixed.chat_request(self.config.model_alias, fitted.messages)
+        answer = self._send(endpoint, chat, request.id)
         outcome = parse_structured(answer.response.text, request.output_model)
         if not outcome.ok:
             raise _ItemFailed("unparseable", f"{error}; after one repair: {outcome.error}", answer.sent)
@@ -293,39 +372,69 @@ class BatchRunner:
 
     def _fit(
         self,
+        endpoint: LiveEndpoint,
         item: str,
         messages: list[ChatMessage],
         varying_from: int | None,
         max_tokens: int,
-        info: ServerInfo,
         overflow: Overflow,
     ) -> FittedPrompt:
         """Count tokens (and shrink); the client retries these requests like any other, and a server that
-        still fails them fails the item, not the batch."""
+        still fails them fails the item, not the batch (or, with several endpoints, takes its server down)."""
         try:
-            return self.client.fit_prompt(item, messages, varying_from, max_tokens, info, overflow)
+            info = endpoint.info
+            return endpoint.client.fit_prompt(item, messages, varying_from, max_tokens, info, overflow)
         except AuthenticationError:
             raise
         except (LaneStatusError, LaneUnreachableError) as exc:
+            self._endpoint_trouble(endpoint, exc, 0)
             raise _ItemFailed(failure_kind(exc), f"item {item!r}: {exc}", 0) from None
 
-    def _send(self, chat: ChatRequest, item: str) -> _Answer:
+    def _endpoint_trouble(
+        self, endpoint: LiveEndpoint, error: LaneStatusError | LaneUnreachableError, sent: int
+    ) -> None:
+        """A request failed: when it failed for its server's sake (unreachable; or 5xx and, with several
+        endpoints, a failed health check) and another endpoint is up, the item goes back to the queue
+        (raises _Requeue); with none left the batch ends. Otherwise returns: the item fails as always."""
+        assert self.pool is not None
+        if isinstance(error, LaneStatusError) and (
+            not error.retryable or self.pool.configured == 1 or self._healthy(endpoint)
+        ):
+            return
+        action = self.pool.failed(endpoint, str(error))
+        if action == "requeue":
+            raise _Requeue(sent)
+        if action == "all_down":
+            raise AllEndpointsDownError(self.pool.reports())
+
+    @staticmethod
+    def _healthy(endpoint: LiveEndpoint) -> bool:
+        try:
+            code, _ = endpoint.client.health()
+        except LaneUnreachableError:
+            return False
+        return code == 200
+
+    def _send(self, endpoint: LiveEndpoint, chat: ChatRequest, item: str) -> _Answer:
         """One completion (the client retries the HTTP request); an empty answer is asked again, as often
         as the lane's policy allows (seen on ik_llama.cpp: the first answer after start can be empty)."""
-        assert self.gate is not None
-        policy, sent = self.client.retry, 0
+        assert self.pool is not None
+        policy, sent = endpoint.client.retry, 0
         for attempt in range(1, policy.max_attempts + 1):
             if attempt > 1:
                 with self._rng_lock:
                     delay = backoff_delay(attempt - 1, policy.backoff_base_s, policy.backoff_max_s, self._rng)
                 time.sleep(delay)
             try:
-                with self.gate.hold():
-                    outcome = self.client.chat_outcome(chat)
+                with endpoint.gate.hold():
+                    if not self.pool.is_up(endpoint):  # it went down while this item waited for a slot
+                        raise _Requeue(sent)
+                    outcome = endpoint.client.chat_outcome(chat)
             except AuthenticationError:
                 raise  # a refused key ends the whole batch: every other item would fail the same way
             except (LaneStatusError, LaneConnectionError) as exc:
                 sent += exc.attempts
+                self._endpoint_trouble(endpoint, exc, sent)
                 raise _ItemFailed(failure_kind(exc), f"item {item!r}: {exc}", sent) from None
             sent += outcome.attempts
             if outcome.response.text.strip():
@@ -370,7 +479,3 @@ def _from_cache(index: int, request: BatchRequest, entry: CacheEntry) -> ItemRes
         repaired=entry.repaired,
         shrunk=entry.shrunk_for_ctx is not None,
     )
-
-
-def _url_slug(url: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in url.removeprefix("http://").removeprefix("https://"))

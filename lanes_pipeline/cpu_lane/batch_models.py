@@ -121,6 +121,7 @@ class ItemResult(BaseModel):
     repaired: bool = False
     shrunk: bool = False
     failure: ItemFailure | None = None
+    endpoint: str | None = None  # the server that answered it in this run (several endpoints: which one)
 
 
 class BatchConfig(BaseModel):

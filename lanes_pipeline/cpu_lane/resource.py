@@ -8,6 +8,9 @@ set to the server's slots (lanes_pipeline/instance.py); every batch, in any proc
 `lanes cpu` CLI), takes the same slots through per-slot lock files under `<data>/run/cpu-lane-slots/`, so
 two runs share the server's slots instead of doubling the queue.
 
+Several servers: `cpu_lane.endpoints` lists them, each with its slots; a batch spreads over them by free
+slots and fails over when one goes down (batch.py). The `cpu_lane` pool's limit is the sum of their slots.
+
 Bandwidth: while the GPU lane is busy (vLLM's running requests above `gpu_busy_above`), a batch keeps at
 most `cpu_min_in_flight` requests in flight (bandwidth.py); `yield_to_gpu: false` turns this off.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -32,6 +36,7 @@ from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
 from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, ProgressCallback
 from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.endpoint_pool import CpuEndpointClient
 from lanes_pipeline.embedded.lane_resource import LaneEndpoint
 from lanes_pipeline.embedded.servers import LaneName, running_embedded_url
 from lanes_pipeline.settings import BandwidthConfig, CpuLane, GpuLane, LanesConfig, data_dir
@@ -78,10 +83,10 @@ class CpuLaneResource(LaneEndpoint):
     @classmethod
     def from_lanes(cls, lanes: LanesConfig, base_url: str | None = None) -> CpuLaneResource:
         """The resource of a lanes.yaml; `base_url` overrides the configured one: the URL of a server
-        `running_lanes` already resolved."""
-        config = (
-            lanes.cpu_lane if base_url is None else lanes.cpu_lane.model_copy(update={"base_url": base_url})
-        )
+        `running_lanes` already resolved (with `endpoints`, that is the first one's: they stay)."""
+        config = lanes.cpu_lane
+        if base_url is not None and base_url != config.base_url:
+            config = config.model_copy(update={"base_url": base_url, "endpoints": None})
         return cls(config=config, bandwidth=lanes.bandwidth, gpu=lanes.gpu_lane)
 
     def connection(self) -> CpuLane:
@@ -95,6 +100,24 @@ class CpuLaneResource(LaneEndpoint):
             connect_timeout_s=self.config.connect_timeout_s,
             retry=self.retry_policy(),
         )
+
+    def endpoint_clients(self) -> list[CpuEndpointClient]:
+        """A client per server of the lane (`endpoints`, or the one base_url, resolved), with its slots."""
+        if not self.config.endpoints:
+            return [CpuEndpointClient(self.cpu_client(), self.config.max_slots)]
+        return [
+            CpuEndpointClient(
+                CpuClient(
+                    endpoint.base_url,
+                    os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None,
+                    timeout_s=self.config.request_timeout_s,
+                    connect_timeout_s=self.config.connect_timeout_s,
+                    retry=self.retry_policy(),
+                ),
+                endpoint.slots,
+            )
+            for endpoint in self.config.endpoint_list()
+        ]
 
     def resolved_cache_path(self) -> Path:
         return Path(self.config.cache_path) if self.config.cache_path else default_cache_path()
@@ -153,12 +176,15 @@ class CpuLaneResource(LaneEndpoint):
 
         gpu_api_key = os.environ.get(self.gpu.api_key_env) if self.gpu.api_key_env else None
         with (
-            self.cpu_client() as client,
+            ExitStack() as clients,
             ResponseCache(self.resolved_cache_path()) as cache,
             yielding_to_gpu(self.gpu_metrics_url(), self.yield_policy(), gpu_api_key, on_yield) as governor,
         ):
+            endpoints = self.endpoint_clients()
+            for endpoint in endpoints:
+                clients.enter_context(endpoint.client)
             cap = governor.cap if governor is not None else None
-            result = BatchRunner(client, cache, self.batch_config(), cap=cap).run(requests, report)
+            result = BatchRunner(endpoints, cache, self.batch_config(), cap=cap).run(requests, report)
             if governor is not None:
                 result.bandwidth = governor.report()
         if log is not None:
@@ -168,6 +194,8 @@ class CpuLaneResource(LaneEndpoint):
                 f"{s.failed} failed; {s.generation_tokens_per_s:.1f} gen tok/s, prefix reuse "
                 f"{_percent(s.prefix_cache_reuse)}"
             )
+            if len(result.endpoints) > 1:
+                log.info(f"CPU lane {label}: endpoints: {endpoints_line(result)}")
         return result
 
 
@@ -199,6 +227,12 @@ def batch_metadata(result: BatchResult) -> dict[str, Any]:
     metadata: dict[str, Any] = {f"cpu_lane/{k}": v for k, v in result.summary.metadata().items()}
     metadata["cpu_lane/server"] = f"{result.server.server} at {result.server.url}"
     metadata["cpu_lane/slots"] = result.server.total_slots
+    if len(result.endpoints) > 1:
+        metadata["cpu_lane/slots"] = sum(e.slots for e in result.endpoints)
+        metadata["cpu_lane/endpoints_down"] = sum(e.down for e in result.endpoints)
+        for index, endpoint in enumerate(result.endpoints):
+            metadata[f"cpu_lane/endpoint_{index}_answered"] = endpoint.answered
+        metadata["cpu_lane/endpoints"] = endpoints_table(result)
     metadata["cpu_lane/per_slot_ctx"] = result.server.per_slot_ctx
     if result.bandwidth is not None:
         metadata |= {f"cpu_lane/{k}": v for k, v in result.bandwidth.metadata().items()}
@@ -206,6 +240,24 @@ def batch_metadata(result: BatchResult) -> dict[str, Any]:
     if failed:
         metadata["cpu_lane/failures"] = failures_table(failed)
     return metadata
+
+
+def endpoints_line(result: BatchResult) -> str:
+    """Per endpoint: items answered, and whether (and why) it went down."""
+    return "; ".join(
+        f"{e.url} answered {e.answered}" + (f", DOWN ({e.requeued} re-queued): {e.reason}" if e.down else "")
+        for e in result.endpoints
+    )
+
+
+def endpoints_table(result: BatchResult) -> MetadataValue:
+    """The batch's endpoints as a Markdown table: slots, answered, re-queued, down and why."""
+    rows = ["| endpoint | slots | answered | re-queued | down | reason |", "|---|---|---|---|---|---|"]
+    for e in result.endpoints:
+        reason = (e.reason or "").replace("|", "\\|").replace("\n", " ")[:300]
+        down = "yes" if e.down else "no"
+        rows.append(f"| {e.url} | {e.slots} | {e.answered} | {e.requeued} | {down} | {reason} |")
+    return MetadataValue.md("\n".join(rows))
 
 
 def failures_table(failed: Sequence[ItemResult]) -> MetadataValue:

@@ -11,37 +11,20 @@ from pathlib import Path
 from typing import IO
 
 
-class SlotGate:
-    """At most `limit` completion requests in flight: across this process's threads (a semaphore) and,
-    with `lease_dir`, across processes (one lock file per slot: a CLI batch beside a Dagster run shares
-    the slots instead of doubling them). flock leases die with their process, so a crash frees them.
+class CapAdmission:
+    """The bandwidth governor's cap on completion requests in flight, counted over every gate that shares
+    it: with several endpoints, the cap bounds their total, not each one's.
 
-    `cap`, when given, is asked before each admission and may lower the bound for a while (the bandwidth
-    governor's minimum while the GPU lane is busy; None means no cap): requests in flight finish, new ones
-    wait until fewer than the cap are in flight."""
+    `cap` is asked before each admission and may lower the bound for a while (None means no cap):
+    requests in flight finish, new ones wait until fewer than the cap are in flight."""
 
-    def __init__(
-        self,
-        limit: int,
-        lease_dir: Path | None = None,
-        poll_s: float = 0.05,
-        cap: Callable[[], int | None] | None = None,
-    ) -> None:
-        if limit < 1:
-            raise ValueError("a slot gate needs at least one slot")
-        self.limit, self.lease_dir, self.poll_s, self.cap = limit, lease_dir, poll_s, cap
-        self._semaphore = threading.BoundedSemaphore(limit)
+    def __init__(self, cap: Callable[[], int | None] | None = None, poll_s: float = 0.05) -> None:
+        self.cap, self.poll_s = cap, poll_s
         self._lock = threading.Lock()
         self._admitted = 0
-        self.in_flight = 0
-        self.max_in_flight = 0
-        if lease_dir is not None:
-            lease_dir.mkdir(parents=True, exist_ok=True)
 
     @contextmanager
-    def _admission(self) -> Iterator[None]:
-        """Wait until the cap (if any) leaves room; counted before the lease, so a waiting thread holds no
-        cross-process slot."""
+    def admit(self) -> Iterator[None]:
         while True:
             cap = self.cap() if self.cap is not None else None
             with self._lock:  # the check and the count under one lock: two threads cannot both slip in
@@ -55,9 +38,42 @@ class SlotGate:
             with self._lock:
                 self._admitted -= 1
 
+
+class SlotGate:
+    """At most `limit` completion requests in flight: across this process's threads (a semaphore) and,
+    with `lease_dir`, across processes (one lock file per slot: a CLI batch beside a Dagster run shares
+    the slots instead of doubling them). flock leases die with their process, so a crash frees them.
+
+    `cap`, when given, is asked before each admission and may lower the bound for a while (the bandwidth
+    governor's minimum while the GPU lane is busy; None means no cap): requests in flight finish, new ones
+    wait until fewer than the cap are in flight. `admission` instead shares one such cap among several
+    gates (one per endpoint)."""
+
+    def __init__(
+        self,
+        limit: int,
+        lease_dir: Path | None = None,
+        poll_s: float = 0.05,
+        cap: Callable[[], int | None] | None = None,
+        admission: CapAdmission | None = None,
+    ) -> None:
+        if limit < 1:
+            raise ValueError("a slot gate needs at least one slot")
+        if cap is not None and admission is not None:
+            raise ValueError("a slot gate takes its own cap or a shared admission, not both")
+        self.limit, self.lease_dir, self.poll_s, self.cap = limit, lease_dir, poll_s, cap
+        self.admission = admission if admission is not None else CapAdmission(cap, poll_s)
+        self._semaphore = threading.BoundedSemaphore(limit)
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        if lease_dir is not None:
+            lease_dir.mkdir(parents=True, exist_ok=True)
+
     @contextmanager
     def hold(self) -> Iterator[None]:
-        with self._semaphore, self._admission():
+        # The cap is counted before the lease, so a waiting thread holds no cross-process slot.
+        with self._semaphore, self.admission.admit():
             lease = self._lease() if self.lease_dir is not None else None
             with self._lock:
                 self.in_flight += 1

@@ -54,10 +54,10 @@ def use_project_instance(settings: Settings) -> Path:
 
 
 def pool_limits(settings: Settings) -> dict[str, int]:
-    """`cpu_lane`: the CPU lane's slots (its cap, and for an embedded server no more than its -np);
-    `gpu_lane`: one."""
+    """`cpu_lane`: the CPU lane's slots (its cap, and for an embedded server no more than its -np; with
+    several endpoints the sum of their slots); `gpu_lane`: one."""
     cpu = settings.lanes.cpu_lane
-    slots = min(cpu.max_slots, cpu.embedded.parallel) if cpu.is_embedded else cpu.max_slots
+    slots = min(cpu.max_slots, cpu.embedded.parallel) if cpu.is_embedded else cpu.total_slots
     return {CPU_POOL: slots, GPU_POOL: 1}
 
 
