@@ -273,8 +273,12 @@ def status(system: bool, folder: Path | None) -> None:
         if manifest.compose or name == COMPOSE_FILE:
             click.echo(f"{name}: {installed} (compose: ask `docker compose ps`)")
             continue
-        answer = _systemctl(mode, "is-active", name) if folder is None else None
-        active = answer.stdout.strip() or "unknown" if answer is not None else "systemd unavailable"
+        if folder is not None:
+            click.echo(f"{name}: {installed} (not in a systemd folder)")
+            continue
+        answer = _systemctl(mode, "is-active", name)
+        # is-active prints active, inactive, failed, activating...; its exit code only says "not active"
+        active = (answer.stdout.strip() or "unknown") if answer is not None else "systemd unavailable"
         click.echo(f"{name}: {installed}, {active}")
 
 
