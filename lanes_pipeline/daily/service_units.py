@@ -277,7 +277,7 @@ def parse_unit(text: str, name: str) -> Unit:
         exec_stop_post=[parse_command(line, keep) for line in values.get("ExecStopPost", [])],
         environment=environment,
         working_directory=Path(expand_word(shlex.split(one("WorkingDirectory"))[0], keep)),
-        restart=one("Restart", "no"),  # type: ignore[arg-type]  # pydantic checks the literal
+        restart=one("Restart", "no"),  # pydantic checks it is one of the three
         restart_sec=float(one("RestartSec", "0.1")),
         timeout_start_s=int(one("TimeoutStartSec", str(STOP_TIMEOUT_S))),
         timeout_stop_s=int(one("TimeoutStopSec", str(STOP_TIMEOUT_S))),

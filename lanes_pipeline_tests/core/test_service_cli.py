@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from click.testing import CliRunner
 from lanes_pipeline.cli import main
 from lanes_pipeline.daily.service_units import COMPOSE_FILE, DAEMON, TARGET
 from lanes_pipeline.embedded.servers import running_embedded_url, state_file
-from lanes_pipeline_tests.core.processes import free_port
+from lanes_pipeline_tests.core.processes import family, free_port, survivors
 
 # The module, not the click group that lanes_pipeline.cli exports under the same name.
 service_cli = importlib.import_module("lanes_pipeline.cli.service")
@@ -132,3 +134,31 @@ def test_publish_makes_a_lane_findable_and_unpublish_forgets_it(
     )
     assert result.exit_code == 1 and f"{url}/v1/models did not answer 200 within 1 s" in result.output
     assert not state_file(data, "gpu").exists()
+
+
+def test_service_run_stops_its_unit_on_sigterm(tmp_path: Path) -> None:
+    """`lanes service run UNIT` (where systemd is not running) stops the unit and all it started on SIGTERM
+    (what `docker stop` or `kill` send)."""
+    unit = tmp_path / "sleeper.service"
+    unit.write_text(
+        "[Service]\n"
+        f"WorkingDirectory={tmp_path}\n"
+        'ExecStart=/bin/sh -c "sleep 300 & sleep 300; wait"\n'
+        "Restart=on-failure\n"
+        "TimeoutStopSec=10\n"
+    )
+    command = [sys.executable, "-m", "lanes_pipeline.cli", "service", "run", str(unit)]
+    runner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while len(family(runner.pid)) < 4 and time.monotonic() < deadline:  # runner, sh, two sleeps
+            time.sleep(0.2)
+        tree = family(runner.pid)
+        assert len(tree) == 4, tree
+        runner.send_signal(signal.SIGTERM)
+        out, _ = runner.communicate(timeout=30)
+    finally:
+        runner.kill()
+    assert runner.returncode == 0, out
+    assert b"sleeper.service: stopped (exit -15)" in out
+    assert survivors(tree) == {}
