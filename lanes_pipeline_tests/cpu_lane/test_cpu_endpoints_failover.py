@@ -1,0 +1,74 @@
+"""Two real llama-servers as the CPU lane's endpoints, one SIGKILLed mid-batch: every item is answered and
+committed exactly once, none is lost, the killed endpoint is reported down and its items in flight are
+asked again on the other. No fake servers: both are the embedded server, each on a free port."""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from lanes_pipeline.cli import main
+from lanes_pipeline.cpu_lane.batch import BatchRunner
+from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.endpoint_pool import CpuEndpointClient
+from lanes_pipeline.settings import RetryPolicy, Settings, project_root
+from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, first_done, private_cpu_server, questions
+from lanes_pipeline_tests.cpu_lane.test_cpu_endpoints import CountingCache
+
+pytestmark = pytest.mark.cpu_lane
+
+ITEMS = 24
+
+
+def _config_check(tmp_path: Path, urls: list[str]) -> str:
+    configs = tmp_path / "configs"
+    shutil.copytree(project_root() / "configs", configs)
+    lanes = yaml.safe_load((configs / "lanes.yaml").read_text())
+    del lanes["cpu_lane"]["base_url"]
+    lanes["cpu_lane"]["endpoints"] = [{"base_url": url, "slots": 2} for url in urls]
+    (configs / "lanes.yaml").write_text(yaml.safe_dump(lanes))
+    result = CliRunner().invoke(main, ["config", "check", "--dir", str(configs)])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_a_batch_survives_losing_one_of_two_endpoints(settings: Settings, tmp_path: Path) -> None:
+    requests = questions(ITEMS, max_tokens=8, offset=300)
+    # Few, quick retries: the killed server's items come back to the queue fast.
+    retry = RetryPolicy(max_attempts=2, backoff_base_s=0.05, backoff_max_s=0.1)
+    with ExitStack() as stack:
+        a = stack.enter_context(private_cpu_server(settings))
+        b = stack.enter_context(private_cpu_server(settings))
+        assert "all config files are valid" in _config_check(tmp_path, [a.url, b.url])  # both llama-servers
+        endpoints = [
+            CpuEndpointClient(stack.enter_context(CpuClient(s.url, timeout_s=120.0, retry=retry, seed=0)), 2)
+            for s in (a, b)
+        ]
+        cache = stack.enter_context(CountingCache(tmp_path / "answers.sqlite3"))
+        runner = BatchRunner(endpoints, cache, batch_config(settings), seed=0)
+        result = runner.run(requests, progress=first_done(4, b.kill))
+        assert b.process is None  # it really was killed mid-batch
+
+        # Every item answered, each committed exactly once, none lost.
+        assert [r.status for r in result.results] == ["ok"] * ITEMS, [r.failure for r in result.results]
+        assert len(cache.puts) == ITEMS and set(cache.puts.values()) == {1}
+        committed = cache.get_many([r.key for r in result.results])
+        assert set(committed) == {r.key for r in result.results}
+        assert all(committed[r.key].text == r.text for r in result.results)
+
+    by_url = {e.url: e for e in result.endpoints}
+    killed, survivor = by_url[b.url], by_url[a.url]
+    assert killed.down and not survivor.down
+    assert b.url in (killed.reason or "") and "unreachable" in (killed.reason or "")
+    # Both took part; the killed one's items in flight were asked again on the other.
+    assert killed.answered >= 1 and killed.requeued >= 1
+    answered_by = {url: sum(r.endpoint == url for r in result.results) for url in (a.url, b.url)}
+    assert answered_by == {a.url: survivor.answered, b.url: killed.answered}
+    assert survivor.answered + killed.answered == ITEMS
+    # A re-asked item's requests on the killed server count in its figures: nothing hides the re-asking.
+    assert result.summary.requests_sent >= ITEMS + killed.requeued
