@@ -182,8 +182,13 @@ def install(system: bool, folder: Path | None, compose: bool, host: str, port: i
     except (ConfigError, LaneError) as exc:
         raise click.ClickException(str(exc)) from None
     files = {COMPOSE_FILE: render_compose(spec)} if compose else render_systemd(spec)
+    for server in spec.lanes:  # a lane's working directory: systemd will not start a unit without it
+        server.log_dir.mkdir(parents=True, exist_ok=True)
     target = folder or (Path.cwd() if compose else SYSTEMD_DIRS[mode])
-    _write(target, files, Manifest(mode=mode, compose=compose, files=sorted(files)))
+    try:
+        _write(target, files, Manifest(mode=mode, compose=compose, files=sorted(files)))
+    except OSError as exc:  # /etc/systemd/system without root, a read-only folder...
+        raise click.ClickException(f"cannot write the units into {target}: {exc}") from None
     for name in sorted(files):
         click.echo(f"wrote {target / name}")
     if compose:
