@@ -1,6 +1,7 @@
 """GPU-lane benchmark: training tokens/s and peak RSS of our loop against TRL's SFTTrainer (same model, data
 and settings, each in its own trainer process, interleaved so both see the same machine), with and without
-packing on short samples; then hot-swap latency and failed interactive requests while the alias moves.
+packing on short samples; our loop in 1 and 2 trainer processes (`launcher: accelerate`); then hot-swap
+latency and failed interactive requests while the alias moves.
 
 `python -m lanes_pipeline.bench gpu_lane` (or `make bench`). Needs the `bench` extra (TRL).
 """
@@ -32,6 +33,7 @@ from lanes_pipeline.settings import LoraSettings, Settings, TrainingConfig
 DAY = date(2026, 11, 1)
 SHORT_SAMPLES = 96
 STEPS_UNPACKED = 10
+PROCESS_STEPS = 10
 PACKED_SEQ_LEN = 512
 ALIAS_MOVES = 8
 IDLE_MOVES = 4
@@ -133,6 +135,76 @@ def training_comparison(settings: Settings, work: Path) -> dict[str, Any]:
         results["loop_packed"].tokens_per_s / results["trl_packed"].tokens_per_s, 2
     )
     return figures
+
+
+def training_processes(settings: Settings, work: Path, steps: int = PROCESS_STEPS) -> dict[str, Any]:
+    """Our loop on the same rows, steps and seed in one trainer process (`launcher: single`) and in two
+    (`launcher: accelerate`, processes: 2; on the CPU: gloo, the cores shared between them), A B B A. Two
+    processes take the same steps (the same loss curve): the figure is how much faster they take them.
+    `wall_s` is from start to result, process start, model load and the launcher included."""
+    rows = short_rows(SHORT_SAMPLES)
+    data = save_dataset(partition_dir(work / "artifacts-processes", DAY), rows, rows[:8])
+    base = str(engines.embedded_hf_model(settings.data_dir).resolve())
+    common = TrainingConfig(lora=LoraSettings(dropout=0.0), device="cpu", max_steps=steps, max_seq_len=512)
+    configs = {
+        "1": common,
+        "2": common.model_copy(update={"launcher": "accelerate", "processes": 2}),
+    }
+    runs: dict[str, list[tuple[TrainSummary, float]]] = {name: [] for name in configs}
+    for index, name in enumerate(["1", "2", "2", "1"]):
+        spec = TrainSpec(
+            training=configs[name],
+            base_model_dir=base,
+            dataset_dirs=[str(data)],
+            output_dir=str(work / "adapters-processes" / f"p{name}-{index}"),
+        )
+        started = time.perf_counter()
+        summary = _train(spec, work / f"processes-{name}-{index}.log")
+        runs[name].append((summary, time.perf_counter() - started))
+    figures: dict[str, Any] = {"cpus": os.cpu_count(), "steps": steps, "samples": SHORT_SAMPLES}
+    for name, done in runs.items():
+        summaries = [s for s, _ in done]
+        train_s = statistics.mean(s.train_s for s in summaries)
+        figures[f"processes_{name}"] = {
+            "steps_per_s": round(steps / train_s, 3),
+            "steps_per_s_runs": [round(steps / s.train_s, 3) for s in summaries],
+            "train_s": round(train_s, 2),
+            "wall_s": round(statistics.mean(wall for _, wall in done), 2),
+            "tokens_per_s": round(statistics.mean(s.tokens_per_s for s in summaries), 1),
+            "tokens": summaries[0].tokens,
+            "final_loss": summaries[0].final_loss,
+            "peak_rss_mb_main": round(statistics.mean(s.peak_rss_mb for s in summaries), 1),
+        }
+    one, two = figures["processes_1"], figures["processes_2"]
+    figures["speedup_2_vs_1"] = round(two["steps_per_s"] / one["steps_per_s"], 2)
+    figures["same_loss_curve"] = all(
+        abs(a - b) < 1e-3
+        for (_, a), (_, b) in zip(runs["1"][0][0].loss_curve, runs["2"][0][0].loss_curve, strict=True)
+    )
+    return figures
+
+
+def processes_markdown(figures: dict[str, Any]) -> str:
+    rows = [
+        f"Our loop, {figures['steps']} steps on the same {figures['samples']} rows, 1 vs 2 trainer processes "
+        f"(`launcher: accelerate`; {figures['cpus']} CPUs shared), A B B A:",
+        "",
+        "| processes | steps/s (runs) | train s | wall s (start to result) | tokens/s | final loss |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ("1", "2"):
+        f = figures[f"processes_{name}"]
+        each = " / ".join(str(x) for x in f["steps_per_s_runs"])
+        rows.append(
+            f"| {name} | {f['steps_per_s']} ({each}) | {f['train_s']} | {f['wall_s']} | "
+            f"{f['tokens_per_s']} | {f['final_loss']} |"
+        )
+    rows += [
+        "",
+        f"2 vs 1 process: **{figures['speedup_2_vs_1']}x** steps/s; the same loss curve: "
+        f"{figures['same_loss_curve']}.",
+    ]
+    return "\n".join(rows)
 
 
 def hot_swap(settings: Settings, work: Path, versions: list[Path]) -> dict[str, Any]:
@@ -254,6 +326,7 @@ def run(settings: Settings) -> dict[str, Any]:
         load_before = os.getloadavg()
         training = training_comparison(settings, work)
         training["load_average_before_after"] = [load_before, os.getloadavg()]
+        processes = training_processes(settings, work)
         remove_stale_partials(work / "adapters")
         # Three trained adapters for the hot-swap part: the bench's own runs, each in its own folder.
         versions = []
@@ -266,6 +339,7 @@ def run(settings: Settings) -> dict[str, Any]:
     return {
         "training": training,
         "hot_swap": swap,
+        "training_processes": processes,
         "load_average": load,
-        "markdown": _markdown(training, swap, load),
+        "markdown": _markdown(training, swap, load) + "\n\n" + processes_markdown(processes),
     }
