@@ -12,7 +12,7 @@ import yaml
 from accelerate.commands.launch import launch_command_parser
 
 from lanes_pipeline.gpu_lane.training.launch import LAUNCH_MODULE, TRAINER_MODULE, trainer_argv
-from lanes_pipeline.gpu_lane.training.world import Single, shard
+from lanes_pipeline.gpu_lane.training.world import Single, gpus_short, shard
 from lanes_pipeline.settings import ConfigError, TrainingConfig, load_settings, project_root
 
 SPEC = Path("/tmp/spec.json")
@@ -94,6 +94,15 @@ def test_each_process_scores_every_nth_row_and_together_all_of_them() -> None:
     assert sorted(shard(rows, 0, 3) + shard(rows, 1, 3) + shard(rows, 2, 3)) == rows
     assert shard(["a"], 1, 2) == []  # a short last batch: this process adds a zero gradient
     assert Single().shard(rows) == rows and Single().sum(1.5) == 1.5
+
+
+def test_gpu_processes_need_a_gpu_each() -> None:
+    assert gpus_short(2, "cuda", 2) is None and gpus_short(1, "cuda", 1) is None
+    assert gpus_short(2, "cpu", 0) is None  # CPU processes share the cores
+    assert gpus_short(2, "cuda", 1) == (
+        "training.processes is 2 but torch sees 1 CUDA device(s): one process per GPU "
+        "(set processes to at most that, or device: cpu)"
+    )
 
 
 @pytest.fixture

@@ -130,6 +130,16 @@ class Accelerated:
             dist.destroy_process_group()
 
 
+def gpus_short(processes: int, device_type: str, cuda_devices: int) -> str | None:
+    """Why `processes` cannot each have a GPU (nccl refuses two processes on one), or None."""
+    if device_type != "cuda" or processes <= cuda_devices:
+        return None
+    return (
+        f"training.processes is {processes} but torch sees {cuda_devices} CUDA device(s): one process per "
+        "GPU (set processes to at most that, or device: cpu)"
+    )
+
+
 def open_world(training: TrainingConfig) -> World:
     """Single for `launcher: single`; else this process's place among those accelerate started (on the
     CPU when training.device resolves to it, so the processes use gloo)."""
@@ -140,4 +150,10 @@ def open_world(training: TrainingConfig) -> World:
     from lanes_pipeline.gpu_lane.training.model import pick_device
 
     device, _dtype = pick_device(training.device)
+    if device.type == "cuda":
+        import torch
+
+        problem = gpus_short(training.processes, device.type, torch.cuda.device_count())
+        if problem is not None:
+            raise RuntimeError(problem)
     return Accelerated(Accelerator(cpu=device.type == "cpu"))
