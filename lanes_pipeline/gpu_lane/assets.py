@@ -217,9 +217,11 @@ def _train_day(
     if issues:  # before hours of training, not after
         raise IncompatibleAdapterError(f"planned by configs/training.yaml for {day}", issues)
     registry = adapter_registry.registry()
+    # How the trainer is launched is not what it trains (one or N processes take the same steps): an adapter
+    # trained before launcher existed, or under another launcher, is still these inputs' adapter.
+    trained_by = config.model_dump(mode="json", exclude={"launcher", "processes"})
     inputs = json.dumps(
-        {"data": fingerprint(dirs), "training": config.model_dump(mode="json"), "base": str(base_dir)},
-        sort_keys=True,
+        {"data": fingerprint(dirs), "training": trained_by, "base": str(base_dir)}, sort_keys=True
     )
     inputs_hash = hashlib.sha256(inputs.encode()).hexdigest()
     existing = registry.find(day, inputs_hash)
