@@ -7,64 +7,23 @@ Every model forbids unknown keys: a typo such as `max_lora_rnak` must fail loudl
 from __future__ import annotations
 
 import os
-import re
 from datetime import date
 from typing import Annotated, Any, ClassVar, Literal
 
-from dagster import Config
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from lanes_pipeline.config_base import EMBEDDED as EMBEDDED
+from lanes_pipeline.config_base import ConfigError as ConfigError
+from lanes_pipeline.config_base import ConfigIssue as ConfigIssue
+from lanes_pipeline.config_base import StrictModel as StrictModel
+from lanes_pipeline.config_base import check_base_url, check_env_var_name
+from lanes_pipeline.config_endpoints import CpuEndpoint as CpuEndpoint
+from lanes_pipeline.config_endpoints import duplicate_endpoints
+from lanes_pipeline.config_endpoints import normalised_url as normalised_url
 
-class ConfigIssue:
-    """One bad value: where it is and why it is wrong."""
-
-    def __init__(self, file: str, key: str, reason: str) -> None:
-        self.file, self.key, self.reason = file, key, reason
-
-    def __str__(self) -> str:
-        return f"{self.file}: {self.key}: {self.reason}" if self.key else f"{self.file}: {self.reason}"
-
-    def __repr__(self) -> str:
-        return f"ConfigIssue({self!s})"
-
-
-class ConfigError(Exception):
-    """Every bad value found, not just the first: a user fixes them all in one pass."""
-
-    def __init__(self, issues: list[ConfigIssue]) -> None:
-        self.issues = issues
-        super().__init__("\n".join(map(str, issues)))
-
-
-EMBEDDED = "embedded"
 # vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 CONFIG_FILES = ("lanes.yaml", "models.yaml", "repos.yaml", "training.yaml", "pipeline.yaml")
-_ENV_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class StrictModel(Config, BaseModel):  # BaseModel named too: Config is one, and linters then know it
-    """Every config model. A dagster `Config` (a frozen pydantic model), so a resource holds the settings it
-    needs as a nested field: each setting is declared, with its default, once, here."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    def __init__(self, **values: Any) -> None:
-        # Pydantic's own validation, not Config's: Config.__init__ fills a missing required key with None,
-        # which would turn "required key is missing" into a type error about None.
-        BaseModel.__init__(self, **values)
-
-
-def _check_base_url(value: str) -> str:
-    if value == EMBEDDED or re.match(r"^https?://[^/\s]+", value):
-        return value.rstrip("/")
-    raise ValueError(f"{value!r} is neither 'embedded' nor an http(s) URL")
-
-
-def _check_env_var_name(value: str | None) -> str | None:
-    if value is not None and not _ENV_VAR_NAME.match(value):
-        raise ValueError(f"{value!r} is not a valid environment variable name")
-    return value
 
 
 Port = Annotated[int, Field(ge=0, le=65535, description="0 picks a free port at start")]
@@ -95,8 +54,8 @@ class LaneConnection(RetryPolicy):
     request_timeout_s: PositiveSeconds = 600.0
     ready_timeout_s: PositiveSeconds = 600.0
 
-    _base_url = field_validator("base_url")(_check_base_url)
-    _api_key_env = field_validator("api_key_env")(_check_env_var_name)
+    _base_url = field_validator("base_url")(check_base_url)
+    _api_key_env = field_validator("api_key_env")(check_env_var_name)
 
     @property
     def is_embedded(self) -> bool:
@@ -150,50 +109,6 @@ class EmbeddedCpuServer(StrictModel):
                     "use the cpu_lane / cpu_lane.embedded fields instead"
                 )
         return value
-
-
-def normalised_url(url: str) -> str:
-    """A server's URL in one spelling, so two spellings of the same server compare equal: scheme and host in
-    lower case, the scheme's default port made explicit, `localhost` as 127.0.0.1, no trailing slash."""
-    match = re.match(r"^(https?)://([^/:\s]+|\[[^\]]+\])(?::(\d+))?(/.*)?$", url.strip(), re.IGNORECASE)
-    if match is None:
-        return url.strip().rstrip("/")
-    scheme, host, port, path = match.group(1).lower(), match.group(2).lower(), match.group(3), match.group(4)
-    host = "127.0.0.1" if host in ("localhost", "[::1]") else host
-    port = port or ("443" if scheme == "https" else "80")
-    return f"{scheme}://{host}:{int(port)}{(path or '').rstrip('/')}"
-
-
-class CpuEndpoint(StrictModel):
-    """One llama-server of a CPU lane with several (`cpu_lane.endpoints`)."""
-
-    base_url: str = Field(description="the server's URL, e.g. http://10.0.0.5:8081")
-    slots: int = Field(ge=1, le=256, description="requests in flight on it at most (no more than its -np)")
-    api_key_env: str | None = Field(None, description="its key's env var; unset: cpu_lane.api_key_env")
-
-    _api_key_env = field_validator("api_key_env")(_check_env_var_name)
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        if value == EMBEDDED:
-            raise ValueError(
-                "'embedded' is one bundled server: write `base_url: embedded` instead of an endpoint list"
-            )
-        return _check_base_url(value)
-
-
-def duplicate_endpoints(endpoints: list[CpuEndpoint]) -> list[tuple[int, int]]:
-    """(index, index of its first occurrence) for each endpoint naming a server listed before it."""
-    first: dict[str, int] = {}
-    duplicates = []
-    for index, endpoint in enumerate(endpoints):
-        key = normalised_url(endpoint.base_url)
-        if key in first:
-            duplicates.append((index, first[key]))
-        else:
-            first[key] = index
-    return duplicates
 
 
 class CpuLane(LaneConnection):
@@ -388,12 +303,12 @@ class RepoEntry(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     path: str = Field(min_length=1, description="a local git checkout; relative paths are from the project")
     branch: str = "HEAD"
-    include: list[str] = ["**/*.py"]
-    exclude: list[str] = []
+    include: list[str] = Field(["**/*.py"])
+    exclude: list[str] = Field([])
 
 
 class ReposConfig(StrictModel):
-    repos: list[RepoEntry] = []
+    repos: list[RepoEntry] = Field([])
 
 
 class LoraSettings(StrictModel):
