@@ -6,6 +6,8 @@ stopped, the launcher leaves no process and no visible adapter; and the real vLL
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -21,7 +23,6 @@ from lanes_pipeline.gpu_lane.adapters import check_adapter_dir, supported_target
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.training.runner import run_training, start_trainer, stop
 from lanes_pipeline.gpu_lane.training.spec import TRAINING_SUMMARY, TrainSpec, TrainSummary
-from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK
 from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.settings import LoraSettings, Settings, TrainingConfig
 from lanes_pipeline_tests.gpu_lane.fixtures import CODENAME, PROBE_QUESTION, SYSTEM, write_codename_day
@@ -137,9 +138,54 @@ def test_stopping_the_launcher_stops_every_trainer_and_leaves_no_adapter(
     assert process.returncode != 0
     _gone, alive = psutil.wait_procs(trainers, timeout=30)
     assert alive == []
-    adapters = Path(spec.output_dir).parent
-    assert [p.name for p in adapters.iterdir()] == []  # no version, no staging folder left behind
-    assert not any(PARTIAL_MARK in p.name for p in adapters.iterdir())
+    # The main trainer got SIGTERM and removed its staging folder: no version, not even a hidden half one.
+    assert list(Path(spec.output_dir).parent.iterdir()) == []
+
+
+# A run process that starts the trainers, says so once they step, and waits: the test SIGKILLs it.
+_RUN_PROCESS = """
+import sys, time
+from pathlib import Path
+from lanes_pipeline.gpu_lane.training.runner import start_trainer
+from lanes_pipeline.gpu_lane.training.spec import TrainSpec
+spec = TrainSpec.model_validate_json(Path(sys.argv[1]).read_text())
+process = start_trainer("train", Path(sys.argv[1]), Path(sys.argv[2]), training=spec.training)
+for line in process.stdout:
+    if line.startswith('{"event": "step"'):
+        print("stepping", flush=True)
+        break
+time.sleep(600)
+"""
+
+
+def test_a_killed_run_process_takes_the_launcher_and_every_trainer_with_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    training = CODENAME_TRAINING.model_copy(
+        update={"max_steps": 10_000, "launcher": "accelerate", "processes": 2}
+    )
+    spec = _spec(settings, tmp_path, "orphaned", training)
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(spec.model_dump_json())
+    run = subprocess.Popen(
+        [sys.executable, "-c", _RUN_PROCESS, str(spec_path), str(tmp_path / "train.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert run.stdout is not None and run.stdout.readline().strip() == "stepping"
+        trainers = psutil.Process(run.pid).children(recursive=True)
+        assert len(trainers) >= 3, [p.cmdline() for p in trainers]  # the launcher and two trainers
+        run.kill()  # SIGKILL: nothing in the run process gets to clean up
+        run.wait()
+        _gone, alive = psutil.wait_procs(trainers, timeout=60)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        run.kill()
+        run.wait()
+    # Each trainer got SIGTERM (the launcher's, or its own parent-death signal) and the main one removed its
+    # staging folder: no version, not even a hidden half one.
+    assert list(Path(spec.output_dir).parent.iterdir()) == []
 
 
 def _ask(url: str, model: str) -> str:
