@@ -16,7 +16,7 @@ import psutil
 
 from lanes_pipeline.settings import load_settings
 
-BENCHMARKS = ("cpu_lane", "gpu_lane", "trials", "cpu_yield", "cpu_servers", "learning")
+BENCHMARKS = ("cpu_lane", "gpu_lane", "trials", "cpu_yield", "cpu_servers", "learning", "drills")
 
 
 def _markdown(report: dict[str, Any]) -> str:
