@@ -375,6 +375,24 @@ class AdapterRegistry:
                 (alias, version, _now(), reason),
             )
 
+    def record_move(self, alias: str, version: str, reason: str, statuses: dict[str, Status]) -> None:
+        """The alias move and the statuses it implies (promoted, rolled back) in one transaction: a run
+        killed in between leaves both or neither (the fault drills found a version marked promoted that
+        the alias never pointed at, when these were two calls)."""
+        with self._db() as db:
+            for name, status in statuses.items():
+                promoted = _now() if status == "promoted" else None
+                updated = db.execute(
+                    "UPDATE versions SET status = ?, promoted_at = COALESCE(?, promoted_at) WHERE name = ?",
+                    (status, promoted, name),
+                ).rowcount
+                if not updated:
+                    raise UnknownVersionError(f"no adapter version {name!r} in {self.path}")
+            db.execute(
+                "INSERT INTO alias_moves (alias, version, moved_at, reason) VALUES (?, ?, ?, ?)",
+                (alias, version, _now(), reason),
+            )
+
     def alias_history(self, alias: str) -> list[AliasMove]:
         """Oldest first."""
         with self._db() as db:

@@ -132,8 +132,7 @@ class AdapterService:
         with step(f"smoke request to {self.alias}"):
             answer = self.smoke(self.alias)
         seconds = time.perf_counter() - started
-        self.registry.set_status(version.name, "promoted")
-        self.registry.record_alias(self.alias, version.name, reason)
+        self.registry.record_move(self.alias, version.name, reason, {version.name: "promoted"})
         with step("unloading versions beyond K"):
             unloaded = self.prune()
         return AliasMoveReport(self.alias, version.name, version.path, seconds, answer, unloaded)
@@ -153,23 +152,30 @@ class AdapterService:
             self.verify(self.alias, remote)
             answer = self.smoke(self.alias)
         seconds = time.perf_counter() - started
-        self.registry.set_status(leaving, "rolled_back")
-        self.registry.record_alias(self.alias, target.name, f"rollback from {leaving}")
+        self.registry.record_move(
+            self.alias, target.name, f"rollback from {leaving}", {leaving: "rolled_back"}
+        )
         with step("unloading versions beyond K"):
             unloaded = self.prune()
         return AliasMoveReport(self.alias, target.name, target.path, seconds, answer, unloaded)
 
     def restore(self) -> list[str]:
-        """After a vLLM restart (runtime adapters are gone): the alias and the recent versions, again.
-        Returns the names loaded; nothing when the alias is served already or was never set."""
+        """After a vLLM restart (runtime adapters are gone): the alias and the recent versions, again; and
+        after a run killed inside an alias move (vLLM moved, the registry not told): the alias back where
+        the registry says. Returns the names loaded; nothing when the alias is served from the registry's
+        target already or was never set."""
         target = self.registry.alias_target(self.alias)
         if target is None:
             return []
         with step(f"checking that {self.alias} is served"):
-            if self.alias in self.loaded():
-                return []
+            card = self.loaded().get(self.alias)
+        if card is not None and card.root == vllm_path(target.path, self.path_map):
+            return []
         with step(f"registering {self.alias} again ({target.name})"), self.vllm_side(target.path) as remote:
-            self.client.load_adapter(self.alias, remote)
+            if card is None:
+                self.client.load_adapter(self.alias, remote)
+            else:  # served from another folder: a promotion that died before the registry recorded it
+                self.client.move_alias(self.alias, remote)
             self.verify(self.alias, remote)
         restored = [self.alias]
         for version in self.recent_versions():
