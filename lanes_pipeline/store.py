@@ -6,6 +6,7 @@ artifact or the new one, never half of one. Content hashes make "byte-identical 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -32,6 +33,15 @@ def sha256_tree(path: Path) -> str:
     return digest.hexdigest()
 
 
+# A full disk, a quota, a file-size limit: the system's error names neither the artifact nor that the old
+# one is kept (the fault drills' disk_full found "[Errno 28] No space left on device" and nothing more).
+_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _out_of_space(exc: OSError, target: Path) -> OSError:
+    return OSError(exc.errno, f"{exc.strerror} while writing {target}; its previous version, if any, is kept")
+
+
 def canonical_json(obj: Any) -> bytes:
     """JSON with sorted keys and no whitespace variance: equal data gives equal bytes and hashes."""
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -53,6 +63,11 @@ class ArtifactStore:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temp, target)
+        except OSError as exc:
+            Path(temp).unlink(missing_ok=True)
+            if exc.errno in _OUT_OF_SPACE:
+                raise _out_of_space(exc, target) from exc
+            raise
         except BaseException:
             Path(temp).unlink(missing_ok=True)
             raise
@@ -83,6 +98,11 @@ class ArtifactStore:
                 shutil.rmtree(retired, ignore_errors=True)
             else:
                 os.replace(staging, target)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if exc.errno in _OUT_OF_SPACE:
+                raise _out_of_space(exc, target) from exc
+            raise
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

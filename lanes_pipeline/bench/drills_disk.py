@@ -94,10 +94,11 @@ def _readable(folder: Path) -> bool:
         return False
 
 
-def clear_error(message: str) -> bool:
-    """Says what ran out: the system's words for a full disk (or a file over the size limit)."""
+def clear_error(message: str, where: Path) -> bool:
+    """Says what ran out (the system's words for a full disk, or a file over the size limit) and where."""
     lowered = message.lower()
-    return any(words in lowered for words in ("no space left on device", "file too large"))
+    said = any(words in lowered for words in ("no space left on device", "file too large"))
+    return said and str(where) in message
 
 
 def disk_full() -> dict[str, Any]:
@@ -122,7 +123,7 @@ def disk_full() -> dict[str, Any]:
         "filesystem": filesystem,
         "write_failed": not full["ok"],
         "error_message": error[:400],
-        "clear_error": not full["ok"] and clear_error(error),
+        "clear_error": not full["ok"] and clear_error(error, parts[DAYS[1]]),
         "previous_partitions_intact": intact,
         "staging_left": len(staging),
         "space_given_back": freed,

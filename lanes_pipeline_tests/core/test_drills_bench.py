@@ -4,11 +4,16 @@ real kills) are the benchmark, `python -m lanes_pipeline.bench drills`, not the 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
 import struct
+import unittest.mock
 from datetime import date
 from pathlib import Path
+
+import pytest
 
 from lanes_pipeline.bench.drills import Send, guarded, half_adapter_reason, kill_counts, markdown, targets
 from lanes_pipeline.bench.drills_cpu import SendLog, cache_check, kill_requests, memo_check
@@ -17,6 +22,7 @@ from lanes_pipeline.bench.drills_gpu import half_adapters, registry_state
 from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, ResponseCache
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.http import ChatMessage, ChatRequest
+from lanes_pipeline.store import ArtifactStore
 
 ITEMS = ["a", "b", "c", "d"]
 
@@ -149,9 +155,36 @@ def test_the_disk_drill_writes_a_day_as_lora_dataset_does_and_judges_the_error(t
     assert len(data.train) == 2 and len(data.eval) == 1 and len(data.train[0].messages[1]["content"]) == 50
     assert write_day(tmp_path, "2026-11-01", 3, 50) == {"ok": True}
     assert (tmp_path / "lora_dataset" / "2026-11-01" / "dataset_dict.json").is_file()
-    assert clear_error("OSError: [Errno 28] No space left on device: '/x/y'")
-    assert clear_error("OSError: [Errno 27] File too large")
-    assert not clear_error("RuntimeError: something broke")
+    where = Path("/x/lora_dataset/2026-11-02")
+    assert clear_error(f"OSError: [Errno 28] No space left on device while writing {where}; ...", where)
+    assert clear_error(f"OSError: [Errno 27] File too large while writing {where}", where)
+    assert not clear_error("OSError: [Errno 28] No space left on device", where)  # where?
+    assert not clear_error(f"RuntimeError: something broke at {where}", where)
+
+
+def test_a_full_disk_names_the_artifact_and_keeps_the_previous_one(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    target = store.folder("lora_dataset", "2026-11-02")
+    with store.atomic_folder(target) as staging:
+        (staging / "data").write_text("old")
+    for code in (errno.ENOSPC, errno.EFBIG):
+        with pytest.raises(OSError) as error, store.atomic_folder(target) as staging:
+            (staging / "data").write_text("new, half")
+            raise OSError(code, os.strerror(code))
+        assert error.value.errno == code and f"while writing {target}" in str(error.value)
+        assert "previous version, if any, is kept" in str(error.value)
+    assert (target / "data").read_text() == "old" and sorted(p.name for p in target.parent.iterdir()) == [
+        "2026-11-02"
+    ]
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with (
+        pytest.raises(OSError, match=r"while writing .*memo\.json"),
+        unittest.mock.patch("os.fsync", side_effect=full),
+    ):
+        store.write_bytes(tmp_path / "memo.json", b"{}")
+    assert not list(tmp_path.glob(".memo.json.*"))
+    with pytest.raises(OSError, match=r"^\[Errno 13\] denied$"), store.atomic_folder(target):
+        raise OSError(errno.EACCES, "denied")  # other errors pass unchanged
 
 
 def test_targets_and_the_report_are_honest_about_drills_that_did_not_run() -> None:
