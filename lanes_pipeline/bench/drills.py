@@ -134,7 +134,12 @@ def _cell(value: Any) -> str:
 DRILL_FIGURES = {
     "cpu_server_kills": ("kills", "lost", "re_asked", "in_flight_at_kill", "in_flight_asked_again"),
     "training_kill": ("half_adapters", "registry_consistent", "stale_staging_removed_next_run"),
-    "alias_move_kill": ("half_adapters", "registry_consistent", "alias_served_after_restore"),
+    "alias_move_kill": (
+        "half_adapters",
+        "registry_consistent",
+        "served_matches_registry_after_kill",
+        "consistent_after_restore",
+    ),
     "vllm_restart_after_promotion": ("seconds_until_alias_served", "vllm_start_s", "restore_s"),
     "concurrent_runs": ("identical", "both_succeeded", "cache_integrity", "memo_unreadable"),
     "disk_full": ("filesystem", "clear_error", "previous_partitions_intact", "staging_left"),

@@ -73,9 +73,9 @@ def half_adapters(adapters: Path) -> list[str]:
 
 
 def registry_state(registry: AdapterRegistry, alias: str, served_root: str | None = None) -> dict[str, Any]:
-    """Consistent: every version's folder is a complete adapter, the alias points at a promoted version,
-    no version is promoted that the alias never pointed at, and (given vLLM's alias) vLLM serves the alias
-    from the registry's target."""
+    """The registry is consistent when every version's folder is a complete adapter, the alias points at a
+    promoted version and no version is promoted that the alias never pointed at; apart from that, whether
+    vLLM serves the alias from the registry's target (`served_root`: where vLLM serves it from, or None)."""
     versions = registry.versions()
     broken = [v.name for v in versions if not all(_complete(Path(v.path)))]
     history = registry.alias_history(alias)
@@ -86,15 +86,13 @@ def registry_state(registry: AdapterRegistry, alias: str, served_root: str | Non
     problems += [f"promoted but never the alias target: {n}" for n in stray]
     if target is not None and target.status != "promoted":
         problems.append(f"alias target {target.name} has status {target.status}")
-    served_matches = None
+    served_matches, serving = None, None
     if served_root is not None or target is not None:
         served_matches = target is not None and served_root == target.path
         if not served_matches:
-            problems.append(
-                f"vLLM serves {alias} from {served_root}, the registry says {target and target.path}"
-            )
+            serving = f"vLLM serves {alias} from {served_root}, the registry says {target and target.path}"
     return {"consistent": not problems, "problems": problems, "alias_target": target and target.name,
-            "served_matches_registry": served_matches}  # fmt: skip
+            "served_matches_registry": served_matches, "serving_problem": serving}  # fmt: skip
 
 
 def random_adapter(base_model_dir: Path, final: Path, seed: int) -> Path:
@@ -231,10 +229,11 @@ def alias_move_kill(
         recovered = registry_state(service.registry, service.alias, _served_root(service))
         points[kill_at] = {
             "version": version, "killed": code == -signal.SIGKILL, "half_adapters": len(halves),
-            "registry_consistent": after["consistent"], "problems": after["problems"],
+            "registry_consistent": after["consistent"], "registry_problems": after["problems"],
+            "served_matches_registry": after["served_matches_registry"], "serving": after["serving_problem"],
             "restore_loaded": restored, "alias_served_after_restore": answer is not None,
-            "consistent_after_restore": recovered["consistent"],
-            "problems_after_restore": recovered["problems"],
+            "consistent_after_restore": recovered["consistent"] and recovered["served_matches_registry"],
+            "problems_after_restore": [*recovered["problems"], *filter(None, [recovered["serving_problem"]])],
         }  # fmt: skip
     return {
         "done": "a promotion run SIGKILLed at three points: the alias unloaded inside the move, vLLM "
@@ -242,6 +241,9 @@ def alias_move_kill(
         "sensor's restore",
         "half_adapters": sum(p["half_adapters"] for p in points.values()),
         "registry_consistent": all(p["registry_consistent"] for p in points.values()),
+        "served_matches_registry_after_kill": sum(
+            bool(p["served_matches_registry"]) for p in points.values()
+        ),
         "alias_served_after_restore": all(p["alias_served_after_restore"] for p in points.values()),
         "consistent_after_restore": all(p["consistent_after_restore"] for p in points.values()),
         "kill_points": points,
@@ -262,6 +264,7 @@ def vllm_restart(service: AdapterService, server: Any, version: str) -> dict[str
         except LaneError:
             time.sleep(0.5)
     end = time.perf_counter()
+    state = registry_state(service.registry, service.alias, _served_root(service))
     return {
         "done": f"promoted {version}, stopped vLLM, started it again, restored as the adapters sensor does",
         "seconds_until_alias_served": round(end - began, 1) if answer is not None else None,
@@ -269,7 +272,8 @@ def vllm_restart(service: AdapterService, server: Any, version: str) -> dict[str
         "restore_s": round(end - started, 1),
         "restored": restored,
         "sensor_interval_s": 30,  # in a deployment the sensor's tick adds up to this
-        "consistent": registry_state(service.registry, service.alias, _served_root(service))["consistent"],
+        "registry_consistent": state["consistent"],
+        "served_matches_registry": state["served_matches_registry"],
     }
 
 

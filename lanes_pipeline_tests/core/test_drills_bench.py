@@ -108,7 +108,7 @@ def test_half_adapters_are_visible_folders_without_a_complete_adapter(tmp_path: 
     )
 
 
-def test_registry_state_checks_folders_alias_and_what_vllm_serves(tmp_path: Path) -> None:
+def test_registry_state_checks_folders_alias_and_what_vllm_serves_apart(tmp_path: Path) -> None:
     registry = AdapterRegistry(tmp_path / "registry.sqlite")
     one, two = _adapter(tmp_path / "v1"), _adapter(tmp_path / "v2")
     for name, path in (("v1", one), ("v2", two)):
@@ -118,12 +118,15 @@ def test_registry_state_checks_folders_alias_and_what_vllm_serves(tmp_path: Path
     registry.record_alias("cur", "v1", "drill")
     assert registry_state(registry, "cur", str(one)) == {
         "consistent": True, "problems": [], "alias_target": "v1", "served_matches_registry": True,
+        "serving_problem": None,
     }  # fmt: skip
     moved = registry_state(registry, "cur", str(two))  # vLLM moved, the registry not told
-    assert not moved["consistent"] and moved["served_matches_registry"] is False
+    assert moved["consistent"] and moved["served_matches_registry"] is False
+    assert moved["serving_problem"] == f"vLLM serves cur from {two}, the registry says {one}"
+    assert registry_state(registry, "cur", None)["served_matches_registry"] is False  # not served at all
     registry.set_status("v2", "promoted")  # marked promoted, the alias move never recorded
     stray = registry_state(registry, "cur", str(one))
-    assert stray["problems"] == ["promoted but never the alias target: v2"]
+    assert stray["problems"] == ["promoted but never the alias target: v2"] and not stray["consistent"]
     (two / "adapter_model.safetensors").unlink()
     assert "version folder not a complete adapter: v2" in registry_state(registry, "cur")["problems"]
 
