@@ -65,24 +65,7 @@ class ServerProps(WireModel):
 class SlotState(WireModel):
     id: int
     n_ctx: int | None = None
-    is_processing: bool | None = None  # mainline
-    state: int | None = None  # ik_llama.cpp: 0 idle, 1 processing
-    prompt: str | None = None  # ik_llama.cpp: the slot's last prompt, rendered
-
-    @property
-    def idle(self) -> bool:
-        if self.is_processing is not None:
-            return not self.is_processing
-        return self.state == 0
-
-
-class SlotFileAction(WireModel):
-    """The answer to `POST /slots/{id}?action=save|restore`: tokens of KV cache saved or restored."""
-
-    id_slot: int
-    filename: str
-    n_saved: int | None = None
-    n_restored: int | None = None
+    is_processing: bool | None = None
 
 
 class TokenizeResponse(WireModel):
@@ -238,19 +221,6 @@ class CpuClient(OpenAIClient):
         if response.status_code in (404, 501):
             return None
         return [SlotState.model_validate(slot) for slot in self.expect_ok(response).json()]
-
-    def slot_file_action(
-        self, slot: int, action: Literal["save", "restore"], filename: str
-    ) -> SlotFileAction | None:
-        """Save a slot's KV cache to `filename` in the server's --slot-save-path, or restore it into a slot.
-        None when the server was started without --slot-save-path (the endpoint is absent: 404 or 501).
-        A restore into a busy slot waits, on the server, until that slot is free."""
-        response = self.request(
-            "POST", f"/slots/{slot}", params={"action": action}, json={"filename": filename}
-        )
-        if response.status_code in (404, 501):
-            return None
-        return SlotFileAction.model_validate(self.expect_ok(response).json())
 
     def server_info(self, configured_model: str) -> ServerInfo:
         """Everything a batch reads before it starts: slots, context, and the weights' fingerprint."""

@@ -100,12 +100,6 @@ def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
     if embedded.threads:
         argv += ["-t", str(embedded.threads)]
     given = {arg.split("=", 1)[0] for arg in embedded.extra_args}
-    if embedded.engine == "ik_llama" and "--slot-save-path" not in given:
-        # Lets a batch copy a warmed prefix from one slot into the others (cpu_lane/prefix_spread.py): ik's
-        # own prompt cache does not share prompts across slots. One file per server, overwritten.
-        slot_files = data / "run" / f"cpu-slots-{port}"
-        slot_files.mkdir(parents=True, exist_ok=True)
-        argv += ["--slot-save-path", str(slot_files)]
     for flags, default in IK_DEFAULTS if embedded.engine == "ik_llama" else ():
         if not given.intersection(flags):
             argv += default
