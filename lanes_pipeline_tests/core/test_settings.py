@@ -196,6 +196,74 @@ BAD_CONFIGS: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
         _set("schedule_hour", value=25),
         "configs/pipeline.yaml: schedule_hour: 25: input should be less than or equal to 23",
     ),
+    (
+        "zero-samples",
+        "pipeline.yaml",
+        _set("cpu_assets", "samples_per_item", value=0),
+        "configs/pipeline.yaml: cpu_assets.samples_per_item: 0: input should be greater than or equal to 1",
+    ),
+    (
+        "negative-sandbox-timeout",
+        "pipeline.yaml",
+        _set("cpu_assets", "sandbox", "timeout_s", value=-5),
+        "configs/pipeline.yaml: cpu_assets.sandbox.timeout_s: -5: input should be greater than 0",
+    ),
+    (
+        "cpu-assets-typo",
+        "pipeline.yaml",
+        lambda d: d["cpu_assets"].update(backlog_perday=3),
+        "configs/pipeline.yaml: cpu_assets.backlog_perday: unknown key",
+    ),
+    (
+        "held-out-over-100",
+        "pipeline.yaml",
+        _set("dataset", "held_out_percent", value=150),
+        "configs/pipeline.yaml: dataset.held_out_percent: 150: input should be less than or equal to 100",
+    ),
+    (
+        "busy-threshold-not-number",
+        "lanes.yaml",
+        _set("bandwidth", "gpu_busy_above", value="high"),
+        "configs/lanes.yaml: bandwidth.gpu_busy_above: 'high' is not valid: "
+        "input should be a valid integer, unable to parse string as an integer",
+    ),
+    (
+        "unknown-overflow",
+        "lanes.yaml",
+        _set("cpu_lane", "overflow", value="truncate"),
+        "configs/lanes.yaml: cpu_lane.overflow: 'truncate' is not one of error or shrink",
+    ),
+    (
+        "unknown-cpu-engine",
+        "lanes.yaml",
+        _set("cpu_lane", "embedded", "engine", value="ollama"),
+        "configs/lanes.yaml: cpu_lane.embedded.engine: 'ollama' is not one of ik_llama or llama_cpp",
+    ),
+    (
+        "failure-ratio-above-one",
+        "lanes.yaml",
+        _set("cpu_lane", "max_failure_ratio", value=2),
+        "configs/lanes.yaml: cpu_lane.max_failure_ratio: 2: input should be less than or equal to 1",
+    ),
+    (
+        "learning-rate-not-number",
+        "training.yaml",
+        _set("learning_rate", value="fast"),
+        "configs/training.yaml: learning_rate: 'fast' is not valid: "
+        "input should be a valid number, unable to parse string as a number",
+    ),
+    (
+        "unknown-launcher",
+        "training.yaml",
+        _set("launcher", value="mpirun"),
+        "configs/training.yaml: launcher: 'mpirun' is not one of single or accelerate",
+    ),
+    (
+        "repo-without-path",
+        "repos.yaml",
+        _pop("repos", 0, "path"),
+        "configs/repos.yaml: repos[0].path: required key is missing",
+    ),
 ]
 
 
