@@ -7,8 +7,9 @@ suite is neither reused nor disturbed.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
-from typing import get_args
+from typing import cast, get_args
 
 import pytest
 
@@ -23,7 +24,11 @@ def settings() -> Settings:
     re-run sends nothing, analyses parse, long prompts in both slots, flags); the fault tests (a loading
     server's 503s, exact request counts) and the cross-slot prefix-reuse target do not hold on ik yet (its
     empty first answers are asked again; its slots re-process a shared prefix): see issue 10."""
-    return settings_with_cpu_engine(load_settings(), "llama_cpp")
+    engine = os.environ.get("LANES_TEST_CPU_ENGINE", "llama_cpp")
+    if engine not in get_args(CpuEngineName):
+        expected = ", ".join(get_args(CpuEngineName))
+        raise pytest.UsageError(f"LANES_TEST_CPU_ENGINE={engine!r}: expected one of {expected}")
+    return settings_with_cpu_engine(load_settings(), cast(CpuEngineName, engine))
 
 
 @pytest.fixture(scope="session")
