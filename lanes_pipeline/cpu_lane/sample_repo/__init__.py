@@ -13,6 +13,7 @@ forty small functions, each with a docstring and the repository's own tests that
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import shutil
 import tempfile
@@ -111,16 +112,22 @@ def is_current(repo: Path) -> bool:
 
 
 def ensure_sample_repo(target: Path) -> Path:
-    """Build the sample repository at `target` unless it is already there with the expected history."""
-    if is_current(target):
-        return target
+    """Build the sample repository at `target` unless it is already there with the expected history.
+
+    Runs that start at once (two runs of a day, a backfill's days on a fresh data folder) check and build
+    under one lock file beside it: without it, each built its own and replaced the other's while that run
+    was reading it (the fault drills' concurrent runs: `git ls-tree` answered BAD for a blob)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".sample_repo.", dir=target.parent))
-    try:
-        build_history(staging / "repo", history())
-        if target.exists():
-            shutil.rmtree(target)
-        (staging / "repo").rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with (target.parent / f".{target.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        if is_current(target):
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=".sample_repo.", dir=target.parent))
+        try:
+            build_history(staging / "repo", history())
+            if target.exists():
+                shutil.rmtree(target)
+            (staging / "repo").rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
