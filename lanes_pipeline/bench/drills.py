@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from lanes_pipeline.settings import Settings
 
+GPU_DRILLS = ("training_kill", "alias_move_kill", "vllm_restart_after_promotion")
 TARGETS = {"lost": 0, "re_asked": 0, "half_adapters": 0, "identical": True}
 
 
@@ -180,7 +181,9 @@ def run(settings: Settings) -> dict[str, Any]:
         drills["cpu_server_kills"] = guarded("cpu_server_kills", lambda: drills_cpu.server_kills(settings))
         drills["concurrent_runs"] = guarded("concurrent_runs", lambda: drills_cpu.concurrent_runs(settings))
         drills["disk_full"] = guarded("disk_full", drills_disk.disk_full)
-        drills |= drills_gpu.run_all(settings, guarded)
+        # Their setup (adapters, vLLM's start) failing fails each of them, with its error; the rest stands.
+        gpu = guarded("gpu_lane setup", lambda: drills_gpu.run_all(settings, guarded))
+        drills |= dict.fromkeys(GPU_DRILLS, gpu) if "error" in gpu else gpu
     out: dict[str, Any] = {"drills": drills, "targets": targets(drills)}
     out["markdown"] = markdown(out)
     return out
