@@ -142,7 +142,13 @@ DRILL_FIGURES = {
         "consistent_after_restore",
     ),
     "vllm_restart_after_promotion": ("seconds_until_alias_served", "vllm_start_s", "restore_s"),
-    "concurrent_runs": ("identical", "both_succeeded", "cache_integrity", "memo_unreadable"),
+    "concurrent_runs": (
+        "identical",
+        "both_succeeded",
+        "cache_integrity",
+        "memo_unreadable",
+        "answers_done_twice",
+    ),
     "disk_full": ("filesystem", "clear_error", "previous_partitions_intact", "staging_left"),
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -277,7 +278,10 @@ def concurrent_runs(settings: Settings) -> dict[str, Any]:
     identical = both and bool(first) and first == second == on_disk
     different = sorted(k for k in set(first) | set(second) if first.get(k) != second.get(k) or
                        first.get(k) != on_disk.get(k))  # fmt: skip
+    answered = sum(o.get("llm_answered", 0) for o in outcomes)
     return checks | {
+        # Each run asks what is not in the cache when it asks: answers both asked at once are done twice.
+        "answers_done_twice": max(0, answered - checks["cache_entries"]),
         "done": f"two materialize() calls of the CPU-lane assets for {day} at once, in two threads on one "
         "Dagster instance, one artifact store, one answer cache, one llama-server",
         "identical": identical,
@@ -314,8 +318,13 @@ def _two_runs(settings: Settings, url: str, root: Path, day: str) -> list[dict[s
             if "artifact_hash" in e.materialization.metadata
         }
         failed = [e.step_key for e in result.all_events if e.is_step_failure]
+        usage = Counter[str]()
+        for event in result.get_asset_materialization_events():
+            for key, value in event.materialization.metadata.items():
+                if key.endswith(("llm_requests", "llm_answered")):
+                    usage[key.rsplit("/", 1)[-1]] += int(value.value)  # type: ignore[arg-type]
         outcomes[index] = {"success": result.success, "run_id": result.run_id, "hashes": hashes,
-                           "failed_steps": failed}  # fmt: skip
+                           "failed_steps": failed, **usage}  # fmt: skip
 
     threads = [threading.Thread(target=one, args=(i,), name=f"drill-run-{i}") for i in range(2)]
     for thread in threads:
