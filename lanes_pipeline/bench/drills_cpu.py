@@ -17,10 +17,7 @@ from pydantic import PrivateAttr
 from lanes_pipeline.bench.cpu_yield import empty_data_dir, sample_days
 from lanes_pipeline.bench.drills import Send, kill_counts
 from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, ResponseCache, cache_key
-from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
-from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
-from lanes_pipeline.cpu_lane.assets import docs as docgen
-from lanes_pipeline.cpu_lane.assets import tests as testgen
+from lanes_pipeline.cpu_lane.assets import analysis, snapshot
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest
 from lanes_pipeline.cpu_lane.batch_summary import BatchProgress
@@ -219,7 +216,10 @@ def _kill_drill(
 # -- two runs of one partition at once ----------------------------------------------------------------------
 
 
-ASSET_MODULES = (snapshot, analysis, testgen, docgen, refactor, lora_dataset)
+# The first stage of the CPU-lane assets: what two runs share (the sample repository, the answer cache, the
+# memo, the artifact store) is all used here; the later stages (sampled tests in the sandbox, docs, refactors,
+# the dataset) would take the two runs most of an hour on two cores.
+ASSET_MODULES = (snapshot, analysis)
 
 
 def cache_check(path: Path) -> dict[str, Any]:
@@ -282,8 +282,8 @@ def concurrent_runs(settings: Settings) -> dict[str, Any]:
     return checks | {
         # Each run asks what is not in the cache when it asks: answers both asked at once are done twice.
         "answers_done_twice": max(0, answered - checks["cache_entries"]),
-        "done": f"two materialize() calls of the CPU-lane assets for {day} at once, in two threads on one "
-        "Dagster instance, one artifact store, one answer cache, one llama-server",
+        "done": f"two materialize() calls of repo_snapshot and repo_analysis for {day} at once, in two "
+        "threads on one Dagster instance, one artifact store, one answer cache, one llama-server",
         "identical": identical,
         "both_succeeded": both,
         "assets_compared": len(on_disk),
@@ -326,7 +326,8 @@ def _two_runs(settings: Settings, url: str, root: Path, day: str) -> list[dict[s
         outcomes[index] = {"success": result.success, "run_id": result.run_id, "hashes": hashes,
                            "failed_steps": failed, **usage}  # fmt: skip
 
-    threads = [threading.Thread(target=one, args=(i,), name=f"drill-run-{i}") for i in range(2)]
+    # Daemon threads: an interrupted benchmark (its server stopped) exits instead of waiting out the runs.
+    threads = [threading.Thread(target=one, args=(i,), name=f"drill-run-{i}", daemon=True) for i in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
