@@ -73,6 +73,9 @@ class CacheEntry(BaseModel):
     attempts: int = 1
     repaired: bool = False
     created_at: float = 0.0
+    # When the run that asked read the cache (0: unknown). An entry another run committed after that moment
+    # is kept over this one: two runs asking the same request at once then both use one answer.
+    read_at: float = 0.0
 
 
 class FailureRecord(BaseModel):
@@ -160,12 +163,24 @@ class ResponseCache:
         return found
 
     def put(self, entry: CacheEntry) -> None:
-        """Commit one answer now; an earlier failure of the same request is cleared with it, atomically."""
+        """Commit one answer now; an earlier failure of the same request is cleared with it, atomically.
+        An entry committed since `entry.read_at` (by another run asking at the same time) is kept instead:
+        the fault drills' concurrent runs found two runs of a day writing different artifacts otherwise."""
         if not entry.created_at:
             entry = entry.model_copy(update={"created_at": time.time()})
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                newer = (
+                    entry.read_at
+                    and self._db.execute(
+                        "SELECT 1 FROM responses WHERE key = ? AND created_at >= ?",
+                        (entry.key, entry.read_at),
+                    ).fetchone()
+                )
+                if newer:
+                    self._db.execute("COMMIT")
+                    return
                 self._db.execute(
                     "INSERT OR REPLACE INTO responses (key, fingerprint, created_at, entry)"
                     " VALUES (?, ?, ?, ?)",

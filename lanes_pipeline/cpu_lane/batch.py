@@ -171,6 +171,7 @@ class BatchRunner:
         self._rng_lock = threading.Lock()
         self.gate: SlotGate | None = None  # the first endpoint's, once a batch runs
         self.pool: EndpointPool | None = None
+        self._read_at = 0.0
 
     def prepare(self) -> EndpointPool:
         admission = CapAdmission(self.cap)
@@ -187,6 +188,7 @@ class BatchRunner:
         self.gate = pool.live[0].gate
 
         keys = [cache_key(r.chat_request(self.config.model_alias), info.fingerprint) for r in requests]
+        self._read_at = time.time()  # what another run commits after this is newer than what was read
         entries = self.cache.get_many(keys)
         results: list[ItemResult | None] = [None] * len(requests)
         pending: list[int] = []
@@ -324,8 +326,14 @@ class BatchRunner:
             shrunk_for_ctx=server.per_slot_ctx if fitted.shrunk else None,
             attempts=sent,
             repaired=repaired,
+            read_at=self._read_at,
         )
         self.cache.put(entry)  # committed before the item counts as done: a kill after this loses nothing
+        # Another run that asked the same request at once and committed first: its answer was kept, and this
+        # run uses it too, so both build the same artifacts.
+        kept = self.cache.get(key)
+        if kept is not None and kept.text != text:
+            text, parsed = kept.text, kept.parsed
         assert self.pool is not None
         self.pool.answered(endpoint)
         return ItemResult(
