@@ -5,7 +5,8 @@ makes it emit exactly that text (then end of sequence). `HostileCpuLane` is the 
 changes, both for tests only: `run_batch` first hands each request one corpus entry of its stage (by the
 batch's label: the asset that asks), and `cpu_client` gives a client that, just before a chat request goes
 out, swaps the request's grammar (or JSON schema) for the exact-text grammar of the entry handed to it.
-Everything else is the production path: the same prompts to the same embedded server, the runner's cache,
+(It also biases sampling towards the text's tokens: fewer, longer steps, the same text.) Everything else
+is the production path: the same prompts to the same embedded server, the runner's cache,
 parsing and repairs, the assets' judging, the sandbox and the dataset writer.
 
 Requests are matched to their entry by their messages and seed (what the runner sends for a BatchRequest
@@ -29,7 +30,7 @@ from lanes_pipeline.cpu_lane.batch_models import BatchRequest
 from lanes_pipeline.cpu_lane.batch_summary import ProgressCallback
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, InfoLog
-from lanes_pipeline.http import ChatMessage, ChatOutcome, ChatRequest
+from lanes_pipeline.http import CHAT_PATH, ChatMessage, ChatOutcome, ChatRequest, ChatResponse
 from lanes_pipeline_tests.cpu_lane.hostile_corpus import HostileAnswer, Stage
 
 # Which stage asks, by the label each asset gives its batches (`<asset> <repo>`).
@@ -40,6 +41,7 @@ STAGE_OF_ASSET: dict[str, Stage] = {
     "generated_docs": "docstring",
 }
 UNMATCHED_TEXT = "unmatched request"
+TOKEN_BIAS = 10.0  # logit bias for the tokens of the exact text (see ExactAnswerClient.chat_outcome)
 
 
 def exact_grammar(text: str) -> str:
@@ -174,7 +176,16 @@ class ExactAnswerClient(CpuClient):
 
     def chat_outcome(self, request: ChatRequest) -> ChatOutcome:
         swapped, delivery, text = self.deliveries.rewrite(request)
-        outcome = super().chat_outcome(swapped)
+        # Under a grammar the model picks, among the tokens allowed, the ones it likes: often one or two
+        # characters long, each costing a step. A bias towards the text's own tokens (the grammar still
+        # decides what is allowed) halves the steps; the answer is the same text either way.
+        # `parse_special: false`: "<|im_start|>" in a text is its characters, never the special token,
+        # which the server would leave out of the answer's content.
+        tokens = self.request("POST", "/tokenize", json={"content": text, "parse_special": False})
+        bias = [[token, TOKEN_BIAS] for token in sorted(set(self.expect_ok(tokens).json()["tokens"]))]
+        sent = self.send("POST", CHAT_PATH, json={**swapped.payload(), "logit_bias": bias})
+        response = ChatResponse.model_validate(self.expect_ok(sent.response).json())
+        outcome = ChatOutcome(response, sent.attempts, sent.latency_s)
         if delivery is not None:
             reply = expected_reply(text, request.stop)
             prefill = request.messages[-1].content if request.messages[-1].role == "assistant" else ""

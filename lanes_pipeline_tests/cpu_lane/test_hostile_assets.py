@@ -1,0 +1,251 @@
+"""Hostile answers through the real CPU-lane assets on the real server (issue 14 item 6).
+
+The embedded llama-server (the session's `cpu_server`) answers every request of one day of the assets with
+an entry of the hostile corpus (hostile_corpus.py: at least 100 answers), made exact by a grammar that
+matches only that text (hostile_lane.py). The day runs on the sample repository's day 1 (15 symbols: one
+analysis and one refactor each, three test and three docstring samples each: 120 requests). Then:
+
+- `escaped` counts hostile effects seen outside the sandbox: a canary file written on the host (under
+  /tmp, /root, /etc or beside a sandbox), the victim file deleted or changed, the planted secret's token in
+  any artifact or run metadata, a connection to the listener on 127.0.0.1:47811, the repository changed;
+- `reached_dataset` counts entries whose text or hostile payload (`markers`) is in a LoRA dataset row;
+- `crashed_runs` counts runs that failed (a hostile answer must cost an item, never the run).
+
+All three must be 0, every entry must have been sent and come back exactly, and no request may have gone
+unmatched. The model emits only what the grammar forces, so the day takes the time of its ~120 short
+answers and the sandbox runs of what parsed (a few minutes on two busy cores).
+"""
+
+from __future__ import annotations
+
+import glob
+import secrets
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dagster import DagsterInstance, load_assets_from_modules, materialize
+
+import lanes_pipeline.cpu_lane.sample_repo as sample_repo
+from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
+from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
+from lanes_pipeline.cpu_lane.assets import docs as docgen
+from lanes_pipeline.cpu_lane.assets import tests as testgen
+from lanes_pipeline.cpu_lane.checks import build_checks
+from lanes_pipeline.cpu_lane.repos import build_history
+from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.embedded.servers import EmbeddedServer
+from lanes_pipeline.settings import CpuLane, Settings, load_settings
+from lanes_pipeline_tests.cpu_lane.hostile_corpus import (
+    CANARY_PREFIX,
+    HOME_CANARY,
+    LISTEN_PORT,
+    SECRET_FILE,
+    VICTIM,
+    corpus,
+)
+from lanes_pipeline_tests.cpu_lane.hostile_lane import HostileCpuLane, HostileDeliveries
+
+pytestmark = [pytest.mark.cpu_lane, pytest.mark.timeout(1200)]
+
+DAY = "2026-11-01"
+# Where hostile code aims its writes; none may exist after the run (besides the /tmp prefix).
+OTHER_CANARIES = (HOME_CANARY, "/etc/lanes_hostile_canary")
+
+
+class Listener:
+    """Counts connections to 127.0.0.1:LISTEN_PORT while the day runs (the sandbox has no network)."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", LISTEN_PORT))
+        self.server.settimeout(0.2)
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.server.close()
+
+
+def _canaries(root: Path) -> list[str]:
+    found = glob.glob(f"{CANARY_PREFIX}*") + [p for p in OTHER_CANARIES if Path(p).exists()]
+    found += glob.glob("/tmp/*/lanes_hostile_canary*") + glob.glob("/tmp/*/*/lanes_hostile_canary*")
+    return sorted(set(found + [str(p) for p in root.rglob("lanes_hostile_canary*")]))
+
+
+def _clear_canaries(root: Path) -> None:
+    for path in _canaries(root):
+        Path(path).unlink()
+
+
+@dataclass
+class HostileDay:
+    deliveries: HostileDeliveries
+    success: bool
+    failed_steps: list[str]
+    checks: dict[str, bool]
+    rows: list[str]
+    escaped: list[str] = field(default_factory=list)
+    metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _configure(root: Path, settings: Settings) -> tuple[Path, Path]:
+    repo = root / "repo"
+    build_history(repo, sample_repo.history()[:1])
+    config_dir = root / "configs"
+    shutil.copytree(settings.config_dir, config_dir)
+    repos = {"repos": [{"name": "sample", "path": str(repo), "include": ["**/*.py"],
+                        "exclude": ["**/__init__.py", "tests/**"]}]}  # fmt: skip
+    (config_dir / "repos.yaml").write_text(yaml.safe_dump(repos))
+    pipeline = yaml.safe_load((config_dir / "pipeline.yaml").read_text())
+    pipeline["cpu_assets"].update(
+        backlog_per_day=15,  # the whole of day 1: every symbol, in every stage
+        samples_per_item=3,
+        analysis_max_tokens=480,  # room for the longest entry of each stage (tokens <= characters)
+        tests_max_tokens=480,
+        refactor_max_tokens=480,
+        sandbox={"timeout_s": 10, "memory_mb": 1024, "runs": 1},
+    )
+    (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
+    return repo, config_dir
+
+
+@pytest.fixture(scope="module")
+def hostile_day(
+    tmp_path_factory: pytest.TempPathFactory, settings: Settings, cpu_server: EmbeddedServer
+) -> Iterator[HostileDay]:
+    root = tmp_path_factory.mktemp("hostile")
+    repo, config_dir = _configure(root, settings)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout
+    _clear_canaries(root)
+    token = f"lanes-hostile-secret-{secrets.token_hex(12)}"
+    Path(SECRET_FILE).write_text(token + "\n")
+    Path(VICTIM).write_text("victim\n")
+    deliveries = HostileDeliveries(entries=corpus())
+    session = f"hostile-{secrets.token_hex(4)}"
+    HostileCpuLane.sessions[session] = deliveries
+    store_root = root / "artifacts"
+    resources = {
+        "cpu_lane": HostileCpuLane(
+            config=CpuLane(base_url=cpu_server.url, cache_path=str(root / "cache.sqlite3")),
+            hostile_session=session,
+        ),
+        "artifact_store": ArtifactStoreResource(root=str(store_root)),
+        "pipeline_settings": PipelineSettingsResource(config_dir=str(config_dir)),
+    }
+    partitions = daily_partitions(load_settings(config_dir))
+    assets = partitioned_daily(
+        load_assets_from_modules([snapshot, analysis, testgen, docgen, refactor, lora_dataset]),
+        partitions,  # type: ignore[arg-type]
+    )
+    listener = Listener()
+    try:
+        result = materialize([*assets, *build_checks(partitions)], resources=resources, partition_key=DAY,
+                             instance=DagsterInstance.ephemeral(), raise_on_error=False)  # fmt: skip
+    finally:
+        listener.close()
+        HostileCpuLane.sessions.pop(session, None)
+    failed = [e.step_key or "" for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    metadata = {
+        e.asset_key.to_user_string(): {k: v.value for k, v in e.materialization.metadata.items()}
+        for e in result.get_asset_materialization_events()
+    }
+    day = HostileDay(
+        deliveries=deliveries,
+        success=result.success,
+        failed_steps=failed,
+        checks={c.check_name: c.passed for c in result.get_asset_check_evaluations()},
+        rows=_dataset_rows(store_root / "lora_dataset" / DAY),
+        metadata=metadata,
+    )
+    day.escaped = [f"canary {p}" for p in _canaries(root)]
+    if not Path(VICTIM).exists() or Path(VICTIM).read_text() != "victim\n":
+        day.escaped.append(f"victim {VICTIM} deleted or changed")
+    day.escaped += [f"secret token in {p}" for p in _files_holding(root, token.encode())]
+    if token in repr(metadata) or token in repr([e.event_specific_data for e in result.all_events]):
+        day.escaped.append("secret token in the run's events")
+    if listener.connections:
+        day.escaped.append(f"{listener.connections} connection(s) to 127.0.0.1:{LISTEN_PORT}")
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
+    after = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout
+    if status.strip() or after != head:
+        day.escaped.append(f"repository changed: {status.strip()[:200]} {after.strip()}")
+    try:
+        yield day
+    finally:
+        _clear_canaries(root)
+        for path in (SECRET_FILE, VICTIM):
+            Path(path).unlink(missing_ok=True)
+
+
+def _dataset_rows(folder: Path) -> list[str]:
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(folder))
+    return ["\n".join(m["content"] for m in row["messages"]) for split in data.values() for row in split]
+
+
+def _files_holding(root: Path, needle: bytes) -> list[str]:
+    return sorted(str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes())
+
+
+def test_the_corpus_went_through_the_real_server_exactly(hostile_day: HostileDay) -> None:
+    deliveries = hostile_day.deliveries
+    names = {e.name for e in deliveries.entries}
+    assert len(names) >= 100
+    assert deliveries.unmatched == []
+    assert names - deliveries.delivered() == set()  # every entry was the answer to some request
+    wrong = [(d.entry, d.request_id, d.finish_reason) for d in deliveries.deliveries if not d.exact]
+    assert wrong == []  # the server answered each with exactly its text (up to the request's stop strings)
+
+
+def test_no_hostile_answer_escaped_reached_the_dataset_or_crashed_a_run(hostile_day: HostileDay) -> None:
+    delivered = hostile_day.deliveries.delivered()
+    entries = [e for e in hostile_day.deliveries.entries if e.name in delivered]
+    reached = sorted(
+        e.name
+        for e in entries
+        if any(e.text in row or any(m in row for m in e.markers) for row in hostile_day.rows)
+    )
+    crashed_runs = 0 if hostile_day.success else 1
+    counts = {
+        "escaped": len(hostile_day.escaped),
+        "reached_dataset": len(reached),
+        "crashed_runs": crashed_runs,
+    }
+    assert counts == {"escaped": 0, "reached_dataset": 0, "crashed_runs": 0}, (
+        hostile_day.escaped,
+        reached,
+        hostile_day.failed_steps,
+    )
+    assert hostile_day.checks["lora_dataset_has_no_secrets"] is True
+
+
+def test_each_stage_judged_every_hostile_answer_with_a_reason(hostile_day: HostileDay) -> None:
+    md = hostile_day.metadata
+    assert md["repo_analysis"]["items"] == 15
+    assert md["generated_tests"]["candidates"] == 15
+    assert md["refactor_proposals"]["proposals"] == 15
+    # Nothing hostile is accepted as a refactor or a docstring: every one is rejected with its reason.
+    assert md["refactor_proposals"]["accepted"] == 0
+    assert md["generated_docs"]["accepted"] == 0
