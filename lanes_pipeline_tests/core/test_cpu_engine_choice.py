@@ -30,6 +30,25 @@ def test_build_info_fills_every_placeholder_of_the_template() -> None:
     assert "LLAMA_BUILD_NUMBER = 0;" in source and '"x86_64-linux-gnu"' in source
 
 
+def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Path) -> None:
+    """The pos_min fix goes in once (a resumed build finds it there); a tree without the expected text
+    (another sdist) stops the build naming the file. The failed-build test applies it to the real sdist."""
+    (patch,) = engines.IK_PATCHES
+    source = tmp_path / patch.path
+    source.parent.mkdir(parents=True)
+    source.write_text(f"static int f() {{\n    for (;;) {{\n{patch.old}\n    }}\n}}\n")
+    log = tmp_path / "install.log"
+    engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
+    patched = source.read_text()
+    assert patch.new in patched and patch.old not in patched and "break;" not in patched
+    engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
+    assert source.read_text() == patched
+    source.write_text("int other_version;\n")
+    with pytest.raises(EmbeddedStartError, match=f"cannot apply the patch to {source}"):
+        engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
+    assert '"patches"' in engines.IK_BUILD.stamp()  # a new patch rebuilds a cached server
+
+
 @pytest.fixture
 def fake_engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Path]:
     binaries = {"ik_llama": tmp_path / "ik" / "llama-server", "llama_cpp": tmp_path / "up" / "llama-server"}
