@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest
-from lanes_pipeline.cpu_lane.tasks import FileAnalysis, parse_diff
+from lanes_pipeline.cpu_lane.tasks import FileAnalysis, extract_block, parse_diff
 from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline_tests.cpu_lane.hostile_corpus import HostileAnswer, corpus
 from lanes_pipeline_tests.cpu_lane.hostile_lane import (
@@ -48,8 +50,10 @@ def test_analyses_are_the_json_the_stage_expects_unless_meant_to_be_broken() -> 
             FileAnalysis.model_validate_json(entry.text)
 
 
-def test_aimed_diffs_parse_and_their_context_is_the_symbols_lines() -> None:
+def test_aimed_diffs_parse_apply_and_their_context_is_the_symbols_lines(tmp_path: Path) -> None:
     source = (DAY1 / "mathbits.py").read_text().splitlines()
+    shutil.copy(DAY1 / "mathbits.py", tmp_path / "mathbits.py")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     aimed = [e for e in corpus() if e.stage == "diff" and e.symbol is not None]
     assert len(aimed) == 9
     for entry in aimed:
@@ -57,6 +61,10 @@ def test_aimed_diffs_parse_and_their_context_is_the_symbols_lines() -> None:
         path, name = entry.symbol.split("::")
         parsed = parse_diff(entry.text, path)
         assert not isinstance(parsed, tuple), (entry.name, parsed)
+        patch = extract_block(entry.text, ("diff",)).strip("\n") + "\n"
+        check = subprocess.run(["git", "apply", "--check", "-"], cwd=tmp_path, input=patch, text=True,
+                               capture_output=True)  # fmt: skip
+        assert check.returncode == 0, (entry.name, check.stderr)
         hunk = re.search(r"^@@ -(\d+),(\d+) ", entry.text, re.MULTILINE)
         assert hunk is not None
         start, count = int(hunk.group(1)), int(hunk.group(2))
