@@ -24,8 +24,9 @@ from lanes_pipeline.cpu_lane.rows import (
     RememberedAnswer,
     TestVerdictRecord,
 )
+from lanes_pipeline.cpu_lane.safety import unsafe_code_added
 from lanes_pipeline.cpu_lane.sandbox import Isolation, detect_isolation
-from lanes_pipeline.cpu_lane.symbol_diff import confine_to_symbol
+from lanes_pipeline.cpu_lane.symbol_diff import apply_confined, confine_to_symbol
 from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import TASKS_VERSION, extract_block, parse_diff, test_module_name
 from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff, judge_generated_test
@@ -131,6 +132,13 @@ class DiffJudge(_Judge):
             parsed = parse_diff(answer.answer, path)
             if scope is not None and not isinstance(parsed, tuple):
                 parsed = confine_to_symbol(parsed, scope.file_source, scope.symbol)
+            if scope is not None and not isinstance(parsed, tuple):
+                added = unsafe_code_added(scope.file_source, apply_confined(parsed, scope.file_source))
+                if added:
+                    parsed = (
+                        "unsafe_code",
+                        f"the diff adds what the sandbox policy forbids: {', '.join(added)}",
+                    )
             if isinstance(parsed, tuple):
                 rows.append(RefactorRow(**base, diff=None, verdict=parsed[0], reason=parsed[1]))
                 continue

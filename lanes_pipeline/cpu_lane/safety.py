@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from pathlib import PurePosixPath
 
 # Phrases addressed to a model rather than to a human reader. Kept narrow: a false positive quarantines a
@@ -86,6 +87,26 @@ _BANNED_BUILTINS = frozenset({"eval", "exec", "compile", "__import__", "breakpoi
 
 def unsafe_calls(tree: ast.AST) -> list[str]:
     """What in a generated test breaks the policy: banned imports, process/file-system calls, dynamic code."""
+    return sorted(set(_unsafe_nodes(tree)))
+
+
+def unsafe_code_added(before: str, after: str) -> list[str]:
+    """What a change of a module adds that the policy forbids (each problem counted, so a second
+    `os.system()` in a module that had one counts). A refactor runs in the sandbox, where a forbidden call
+    can fail quietly (`os.system` returns a status) and every test still passes: it must never be accepted
+    as training data. An `after` that does not parse adds nothing here (its tests fail)."""
+    try:
+        new = Counter(_unsafe_nodes(ast.parse(after)))
+    except SyntaxError:
+        return []
+    try:
+        old = Counter(_unsafe_nodes(ast.parse(before)))
+    except SyntaxError:
+        old = Counter()
+    return sorted((new - old).keys())
+
+
+def _unsafe_nodes(tree: ast.AST) -> list[str]:
     problems: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -105,7 +126,7 @@ def unsafe_calls(tree: ast.AST) -> list[str]:
                     problems.append(f"os.{func.attr}()")
                 elif func.value.id == "sys" and func.attr == "exit":
                     problems.append("sys.exit()")
-    return sorted(set(problems))
+    return problems
 
 
 def _banned_module(name: str) -> bool:

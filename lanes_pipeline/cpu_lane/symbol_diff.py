@@ -80,3 +80,17 @@ def confine_to_symbol(
         next_free = position + len(block)
     text = f"--- a/{diff.path}\n+++ b/{diff.path}\n" + "".join(rendered)
     return ParsedDiff(text=text, path=diff.path, added=diff.added, removed=diff.removed)
+
+
+def apply_confined(diff: ParsedDiff, file_source: str) -> str:
+    """`file_source` with a confined diff applied (its hunks' numbers are exact: confine_to_symbol placed
+    them), for checks of the code the diff makes; `git apply` in the sandbox stays the one that counts."""
+    lines = file_source.splitlines(keepends=True)
+    result: list[str] = []
+    cursor = 0
+    for hunk in (hunk for patched in PatchSet(diff.text) for hunk in patched):
+        start = max(hunk.source_start - 1, 0)
+        result += lines[cursor:start]
+        result += [line.value for line in hunk if line.is_added or line.is_context]
+        cursor = start + hunk.source_length
+    return "".join(result + lines[cursor:])

@@ -250,7 +250,14 @@ def _asserts(function: ast.FunctionDef) -> bool:
 
 
 DiffRejection = Literal[
-    "not_a_diff", "malformed_diff", "unsafe_path", "wrong_file", "empty_diff", "too_large", "outside_symbol"
+    "not_a_diff",
+    "malformed_diff",
+    "unsafe_path",
+    "wrong_file",
+    "empty_diff",
+    "too_large",
+    "outside_symbol",
+    "unsafe_code",
 ]
 
 

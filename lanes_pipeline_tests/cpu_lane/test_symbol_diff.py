@@ -4,9 +4,17 @@ rejected with the verdict `outside_symbol` and the line it touches."""
 
 from __future__ import annotations
 
-from lanes_pipeline.cpu_lane.symbol_diff import confine_to_symbol, locate
+from pathlib import Path
+
+from lanes_pipeline.cpu_lane.judging import DiffJudge, DiffScope
+from lanes_pipeline.cpu_lane.memo import Memo
+from lanes_pipeline.cpu_lane.rows import RememberedAnswer
+from lanes_pipeline.cpu_lane.safety import unsafe_code_added
+from lanes_pipeline.cpu_lane.symbol_diff import apply_confined, confine_to_symbol, locate
 from lanes_pipeline.cpu_lane.symbols import Symbol, extract_symbols
 from lanes_pipeline.cpu_lane.tasks import ParsedDiff, parse_diff
+from lanes_pipeline.settings import SandboxLimits
+from lanes_pipeline.store import ArtifactStore
 
 MODULE = '''"""Two functions."""
 
@@ -88,3 +96,30 @@ def test_locate_prefers_the_occurrence_nearest_the_stated_line() -> None:
     lines = ["a", "b", "a", "b", "c"]
     assert locate(lines, ["a", "b"], 1) == 1 and locate(lines, ["a", "b"], 4) == 3
     assert locate(lines, ["x"], 1) is None
+
+
+def test_the_confined_diff_applied_gives_the_code_it_makes() -> None:
+    confined = confine_to_symbol(diff(INSIDE_SECOND), MODULE, symbol("second"))
+    assert isinstance(confined, ParsedDiff)
+    made = MODULE.replace("    doubled = y * 2\n    return doubled\n", "    return y * 2\n")
+    assert apply_confined(confined, MODULE) == made
+
+
+def test_a_refactor_that_adds_a_forbidden_call_is_rejected_before_the_sandbox(tmp_path: Path) -> None:
+    """Seen with a hostile answer: `__import__("os").system(...)` inside a function fails quietly in the
+    sandbox (a status, no exception), every test passed, and the diff became a training row."""
+    call = '+    __import__("os").system("touch /tmp/x")\n'
+    hostile = INSIDE_SECOND.replace("+    return y * 2\n", call + "+    return y * 2\n")
+    hostile = hostile.replace("-9,3 +9,2", "-9,3 +9,3")
+    confined = confine_to_symbol(diff(hostile), MODULE, symbol("second"))
+    assert isinstance(confined, ParsedDiff)
+    assert unsafe_code_added(MODULE, apply_confined(confined, MODULE)) == ["__import__()"]
+    assert unsafe_code_added(MODULE, MODULE) == []
+    twice = "import os\nos.system('a')\n"
+    assert unsafe_code_added(twice, twice + "os.system('b')\n") == ["os.system()"]  # one more counts
+    judge = DiffJudge(Memo(ArtifactStore(tmp_path / "artifacts"), "diff_check"), SandboxLimits())
+    answer = RememberedAnswer(answer="```diff\n--- a/calc.py\n+++ b/calc.py\n" + hostile + "```")
+    scope = DiffScope(symbol=symbol("second"), file_source=MODULE)
+    key = "calc.py::second"
+    (row,) = judge.rows("r", tmp_path, "0" * 40, [], {key: answer}, {key: scope})
+    assert row.verdict == "unsafe_code" and "__import__()" in (row.reason or "") and row.diff is None
