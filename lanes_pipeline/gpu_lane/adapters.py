@@ -351,14 +351,17 @@ class AdapterRegistry:
 
     def set_status(self, name: str, status: Status) -> Version:
         with self._db() as db:
-            promoted = _now() if status == "promoted" else None
-            updated = db.execute(
-                "UPDATE versions SET status = ?, promoted_at = COALESCE(?, promoted_at) WHERE name = ?",
-                (status, promoted, name),
-            ).rowcount
+            self._update_status(db, name, status)
+        return self.get(name)
+
+    def _update_status(self, db: sqlite3.Connection, name: str, status: Status) -> None:
+        promoted = _now() if status == "promoted" else None
+        updated = db.execute(
+            "UPDATE versions SET status = ?, promoted_at = COALESCE(?, promoted_at) WHERE name = ?",
+            (status, promoted, name),
+        ).rowcount
         if not updated:
             raise UnknownVersionError(f"no adapter version {name!r} in {self.path}")
-        return self.get(name)
 
     def record_evaluation(self, name: str, evaluation: dict[str, Any]) -> Version:
         with self._db() as db:
@@ -381,13 +384,7 @@ class AdapterRegistry:
         the alias never pointed at, when these were two calls)."""
         with self._db() as db:
             for name, status in statuses.items():
-                promoted = _now() if status == "promoted" else None
-                updated = db.execute(
-                    "UPDATE versions SET status = ?, promoted_at = COALESCE(?, promoted_at) WHERE name = ?",
-                    (status, promoted, name),
-                ).rowcount
-                if not updated:
-                    raise UnknownVersionError(f"no adapter version {name!r} in {self.path}")
+                self._update_status(db, name, status)
             db.execute(
                 "INSERT INTO alias_moves (alias, version, moved_at, reason) VALUES (?, ?, ?, ?)",
                 (alias, version, _now(), reason),
