@@ -20,7 +20,7 @@ import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import httpx
 import pytest
@@ -34,6 +34,7 @@ from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.rows import RefactorVerdict, TestRowVerdict
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
@@ -93,44 +94,19 @@ INJECTION = '''"""Notes."""
 NOTE = "ok"
 '''
 ASSETS = ("repo_snapshot", "repo_analysis", "generated_tests", "refactor_proposals", "lora_dataset")
-TEST_VERDICTS = {
-    "passed",
-    "failure",
-    "import_error",
-    "collection_error",
-    "syntax_error",
-    "no_tests",
-    "timeout",
-    "memory",
-    "network",
-    "write_denied",
-    "crashed",
-    "flaky",
-    "trivial",
-    "unsafe",
-    "no_answer",
-    # A symbol without an accepted test (generated_tests works by symbol): why its answers gave none.
-    "no_calls",
-    "no_usable_result",
-    "probe_failed",
-    "rejected_static",
-    "fails_on_commit",
-    "survives_mutant",
-}
-DIFF_VERDICTS = {
-    "accepted",
-    "does_not_apply",
-    "tests_failed",
-    "baseline_failing",
-    "not_a_diff",
-    "malformed_diff",
-    "unsafe_path",
-    "wrong_file",
-    "empty_diff",
-    "too_large",
-    "outside_symbol",
-    "no_answer",
-}
+
+
+def literal_values(annotation: Any) -> set[str]:
+    """Every string a (union of) Literal type allows: the verdicts the row models declare."""
+    if get_origin(annotation) is Literal:
+        return set(get_args(annotation))
+    return set().union(*(literal_values(arg) for arg in get_args(annotation)))
+
+
+# The verdicts a test row or a refactor row may carry, as rows.py declares them (the symbol-level
+# rejections of a test, such as no_calls or survives_mutant, and a diff's unsafe_code included).
+TEST_VERDICTS = literal_values(TestRowVerdict)
+DIFF_VERDICTS = literal_values(RefactorVerdict)
 
 
 def _when(day: int) -> datetime:
