@@ -142,6 +142,9 @@ class _Answer:
     response: ChatResponse
     metrics: RequestMetrics
     sent: int  # completion requests it took, the client's retries and empty answers included
+    # Answers thrown away (empty; unparseable, then repaired) and their tokens, which the server counted.
+    discarded: int = 0
+    discarded_tokens: int = 0
 
 
 def failure_kind(error: LaneStatusError | LaneUnreachableError) -> FailureKind:
@@ -345,6 +348,8 @@ class BatchRunner:
             parsed=parsed,
             metrics=answer.metrics,
             requests_sent=sent,
+            discarded_answers=answer.discarded,
+            discarded_completion_tokens=answer.discarded_tokens,
             repaired=repaired,
             shrunk=fitted.shrunk,
             endpoint=endpoint.client.base_url,
@@ -376,6 +381,8 @@ class BatchRunner:
         outcome = parse_structured(answer.response.text, request.output_model)
         if not outcome.ok:
             raise _ItemFailed("unparseable", f"{error}; after one repair: {outcome.error}", answer.sent)
+        answer.discarded += first.discarded + 1
+        answer.discarded_tokens += first.discarded_tokens + first.metrics.completion_tokens
         return answer, outcome
 
     def _fit(
@@ -427,7 +434,7 @@ class BatchRunner:
         """One completion (the client retries the HTTP request); an empty answer is asked again, as often
         as the lane's policy allows (seen on ik_llama.cpp: the first answer after start can be empty)."""
         assert self.pool is not None
-        policy, sent = endpoint.client.retry, 0
+        policy, sent, empty, empty_tokens = endpoint.client.retry, 0, 0, 0
         for attempt in range(1, policy.max_attempts + 1):
             if attempt > 1:
                 with self._rng_lock:
@@ -447,7 +454,10 @@ class BatchRunner:
             sent += outcome.attempts
             if outcome.response.text.strip():
                 metrics = request_metrics(outcome.response, outcome.latency_s, chat.max_tokens)
-                return _Answer(outcome.response, metrics, sent)
+                return _Answer(outcome.response, metrics, sent, empty, empty_tokens)
+            # Seen on ik_llama.cpp at temperature 0: a prompt evaluated whole can give end-of-text first,
+            # and the same prompt asked again (its prefix now cached) gives an answer.
+            empty, empty_tokens = empty + 1, empty_tokens + outcome.response.usage.completion_tokens
         reason = f"item {item!r}: the server answered with empty content (after {sent} attempts)"
         raise _ItemFailed("empty", reason, sent)
 

@@ -118,6 +118,8 @@ class ItemResult(BaseModel):
     parsed: Any = None
     metrics: RequestMetrics | None = None
     requests_sent: int = 0  # completion requests this run sent for the item (retries and repair included)
+    discarded_answers: int = 0  # answers given and thrown away in this run (empty; unparseable, repaired)
+    discarded_completion_tokens: int = 0  # the tokens the server generated for those
     repaired: bool = False
     shrunk: bool = False
     failure: ItemFailure | None = None

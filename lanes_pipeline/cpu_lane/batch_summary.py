@@ -39,7 +39,11 @@ class BatchSummary(BaseModel):
     latency_p95_s: float | None
     prompt_tokens: int
     cached_prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # of the answers kept
+    # Answers the server gave that the runner threw away (empty: asked again; unparseable: repaired), and
+    # their tokens: completion_tokens + discarded_completion_tokens is what the server generated.
+    discarded_answers: int
+    discarded_completion_tokens: int
     prompt_tokens_per_s: float  # prompt tokens the server evaluated (cache reuse excluded) per second
     generation_tokens_per_s: float
     prefix_cache_reuse: float | None  # cached prompt tokens / prompt tokens
@@ -72,6 +76,8 @@ def summarize(results: Sequence[ItemResult], wall_s: float) -> BatchSummary:
         prompt_tokens=prompt,
         cached_prompt_tokens=cached,
         completion_tokens=completion,
+        discarded_answers=sum(r.discarded_answers for r in answered),
+        discarded_completion_tokens=sum(r.discarded_completion_tokens for r in answered),
         prompt_tokens_per_s=(prompt - cached) / wall_s if wall_s > 0 else 0.0,
         generation_tokens_per_s=completion / wall_s if wall_s > 0 else 0.0,
         prefix_cache_reuse=cached / prompt if prompt else None,

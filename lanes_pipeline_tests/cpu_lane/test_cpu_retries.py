@@ -101,6 +101,11 @@ def test_5xx_and_empty_answers_are_retried_4xx_is_not(tmp_path: Path) -> None:
     assert server.completions["down"] == 3 and "after 3 attempts" in by_id["down"].failure.reason
     assert by_id["empty-first"].text == "answer to empty-first" and by_id["empty-first"].requests_sent == 2
     assert by_id["fine"].requests_sent == 1
+    # The thrown-away empty answer is counted with its token: the server's counters include it too.
+    empty_first = by_id["empty-first"]
+    assert (empty_first.discarded_answers, empty_first.discarded_completion_tokens) == (1, 1)
+    assert (result.summary.discarded_answers, result.summary.discarded_completion_tokens) == (1, 1)
+    assert result.summary.completion_tokens == 3 * 3  # the three answers kept
     cached = set(cache.get_many([r.key for r in result.results]))
     cache.close()
     assert cached == {by_id[i].key for i in ("flaky", "empty-first", "fine")}  # no failure, no empty answer
