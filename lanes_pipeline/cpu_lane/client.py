@@ -22,6 +22,7 @@ from lanes_pipeline.cpu_lane.answer_cache import WeightsIdentity
 from lanes_pipeline.errors import (
     LaneError,
     LaneNotReadyError,
+    LaneTimeoutError,
     LaneUnreachableError,
     PromptTooLongError,
     status_error,
@@ -31,6 +32,9 @@ from lanes_pipeline.prometheus import LaneCounters, MetricsSnapshot, lane_counte
 from lanes_pipeline.settings import RetryPolicy
 
 LANE = "CPU"
+# How long one readiness poll waits for an answer: a server that accepted the connection and says nothing
+# for this long is loading (ik_llama.cpp answers only once its model is loaded).
+POLL_ANSWER_S = 1.0
 Overflow = Literal["error", "shrink"]
 # Appended where the shrink rule cut the varying part, so the model (and a reader) sees it was cut.
 TRUNCATION_MARKER = "\n[... truncated]"
@@ -84,7 +88,7 @@ class ReadyReport(BaseModel):
     """How the wait went: tests and logs can tell a loading server from one that was ready at once."""
 
     waited_s: float
-    loading_answers: int  # 503s seen
+    loading_answers: int  # 503s, or polls left unanswered (ik_llama.cpp while it loads)
     unreachable_answers: int  # connection refused / reset while the process was coming up
 
 
@@ -170,9 +174,10 @@ class CpuClient(OpenAIClient):
 
     # -- readiness ---------------------------------------------------------------------------------------
 
-    def health(self) -> tuple[int, HealthStatus]:
+    def health(self, timeout_s: float | None = None) -> tuple[int, HealthStatus]:
         # One attempt: `wait_ready` is the loop that waits for a loading or starting server.
-        response = self.request("GET", "/health", retries=False)
+        extra = {} if timeout_s is None else {"timeout": timeout_s}
+        response = self.request("GET", "/health", retries=False, **extra)
         try:
             body = HealthStatus.model_validate(response.json()) if response.content else HealthStatus()
         except ValueError:
@@ -182,7 +187,9 @@ class CpuClient(OpenAIClient):
     def wait_ready(
         self, timeout_s: float, poll_s: float = 0.25, connect_grace_s: float = 10.0
     ) -> ReadyReport:
-        """Wait while /health says 503 (model loading), up to `timeout_s`.
+        """Wait while the server loads its model, up to `timeout_s`: upstream llama-server answers /health
+        with 503 meanwhile; ik_llama.cpp's accepts the connection and answers nothing until the model is
+        loaded, so each poll waits at most the time left.
 
         A refused connection is waited for only `connect_grace_s`: long enough for a process that is
         starting to bind its port, short enough that a wrong URL fails fast with its own message.
@@ -191,15 +198,22 @@ class CpuClient(OpenAIClient):
         loading = unreachable = 0
         last = "no answer yet"
         while True:
-            elapsed = time.monotonic() - started
+            left = timeout_s - (time.monotonic() - started)
             try:
-                code, body = self.health()
+                code, body = self.health(timeout_s=min(max(left, 0.001), max(poll_s, POLL_ANSWER_S)))
+            except LaneTimeoutError:  # connected, no answer: still loading (ik_llama.cpp)
+                loading += 1
+                last = "no answer to GET /health (the server accepted the connection)"
+                if time.monotonic() - started >= timeout_s:
+                    raise LaneNotReadyError(LANE, self.base_url, time.monotonic() - started, last) from None
+                continue
             except LaneUnreachableError:
                 unreachable += 1
-                if elapsed >= min(connect_grace_s, timeout_s):
+                if time.monotonic() - started >= min(connect_grace_s, timeout_s):
                     raise
                 time.sleep(poll_s)
                 continue
+            elapsed = time.monotonic() - started
             if code == 200:
                 return ReadyReport(waited_s=elapsed, loading_answers=loading, unreachable_answers=unreachable)
             if code != 503:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -12,7 +13,8 @@ from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.errors import AuthenticationError, LaneError
-from lanes_pipeline.settings import CpuLane, RetryPolicy, Settings
+from lanes_pipeline.settings import CpuEngineName, CpuLane, RetryPolicy, Settings
+from lanes_pipeline_tests.conftest import settings_with_cpu_engine
 from lanes_pipeline_tests.cpu_lane.fixtures import (
     batch_config,
     first_done,
@@ -65,20 +67,32 @@ def test_kill_mid_batch_loses_nothing_and_the_rerun_asks_only_the_missing(
         summary = resumed.summary
         assert summary.failed == 0, [r.failure for r in resumed.results]
         assert summary.cache_hits == len(ok_before)
-        assert summary.answered == summary.requests_sent == len(failed_before)
+        assert summary.answered == len(failed_before)
+        # One request per missing item, and one more per answer thrown away (ik can answer a prompt it
+        # evaluates whole with end-of-text at once: asked again, never cached).
+        assert summary.requests_sent == summary.answered + summary.discarded_answers
         assert {r.id for r in resumed.results if not r.from_cache} == {r.id for r in failed_before}
         # The server's own counters: it generated exactly the answers of the missing items, nothing more.
-        assert asked_generated == summary.completion_tokens and asked_prompt > 0
+        assert asked_generated == summary.completion_tokens + summary.discarded_completion_tokens
+        assert asked_prompt > 0
 
         clean = run_batch(server.url, tmp_path / "clean.sqlite3", config, requests, retry=retry)
     assert clean.summary.cache_hits == 0 and clean.summary.failed == 0
-    assert [(r.id, r.text) for r in resumed.results] == [(r.id, r.text) for r in clean.results]
+    assert [r.id for r in resumed.results] == [r.id for r in clean.results]
+    if settings.lanes.cpu_lane.embedded.engine == "llama_cpp":
+        # Upstream gave a prompt the same answer at temperature 0 whatever its slot's cache held. ik does not:
+        # its batched prompt path (micro-batches of 64+ tokens, Q4_1) gives other logits than one token at a
+        # time, so a prompt evaluated whole and one served from the prefix cache can be answered differently.
+        assert [r.text for r in resumed.results] == [r.text for r in clean.results]
 
 
-def test_a_server_still_loading_is_waited_for(settings: Settings, tmp_path: Path) -> None:
-    with private_cpu_server(settings, start=False) as server:
+@pytest.mark.parametrize("engine", get_args(CpuEngineName))
+def test_a_server_still_loading_is_waited_for(
+    settings: Settings, tmp_path: Path, engine: CpuEngineName
+) -> None:
+    with private_cpu_server(settings_with_cpu_engine(settings, engine), start=False) as server:
         # start() launches the process and blocks until ready; run it beside the client, which starts asking
-        # at once, while the process binds its port and loads the model (503 "Loading model").
+        # at once, while the process binds its port and loads the model.
         starter = threading.Thread(target=server.start)
         starter.start()
         try:
@@ -87,12 +101,17 @@ def test_a_server_still_loading_is_waited_for(settings: Settings, tmp_path: Path
                 result = run_batch(server.url, tmp_path / "c.sqlite3", batch_config(settings), questions(1))
         finally:
             starter.join()
-    assert report.loading_answers >= 1, report
+    if engine == "llama_cpp":  # upstream listens at once and answers 503 "Loading model" while it loads
+        assert report.loading_answers >= 1, report
+    # ik accepts connections at once and answers only once the model is loaded: each poll waits up to
+    # POLL_ANSWER_S, so a slow load shows as unanswered polls, a quick one as one slow answer (the bound on
+    # the whole wait is the next test's).
     assert result.results[0].status == "ok"
 
 
-def test_a_server_that_stays_loading_is_a_bounded_wait(settings: Settings) -> None:
-    with private_cpu_server(settings, start=False) as server:
+@pytest.mark.parametrize("engine", get_args(CpuEngineName))
+def test_a_server_that_stays_loading_is_a_bounded_wait(settings: Settings, engine: CpuEngineName) -> None:
+    with private_cpu_server(settings_with_cpu_engine(settings, engine), start=False) as server:
         starter = threading.Thread(target=server.start)
         starter.start()
         try:
