@@ -7,7 +7,8 @@ A generated test is worth keeping only if it fails on broken code. Two mutants p
 The body is cut out by the parser's line/column offsets (ast's end_lineno/end_col_offset; columns are UTF-8
 byte offsets), never by `ast.unparse` of the whole file: comments, formatting and every other line stay
 exactly as committed, so the mutant differs from the original only inside the target. The docstring and the
-decorators stay. A class target mutates each of its public methods (all at once, one mutant per kind); a
+decorators stay. A class target mutates each of its public methods (all at once, one mutant per kind; a class
+with none, its dunder methods); a
 `Class.method` target mutates that method. Pure.
 """
 
@@ -60,9 +61,12 @@ def _find(tree: ast.Module, target: str) -> ast.FunctionDef | ast.AsyncFunctionD
 def _functions(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, target: str) -> list[_Function]:
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         return [node]
-    methods = [m for m in node.body if isinstance(m, _Function) and not m.name.startswith("_")]
+    functions = [m for m in node.body if isinstance(m, _Function)]
+    methods = [m for m in functions if not m.name.startswith("_")]
+    # A class used only through its dunders (a context manager, a container) is broken through those.
+    methods = methods or [m for m in functions if m.name.startswith("__") and m.name.endswith("__")]
     if not methods:
-        raise MutationError(f"class {target!r} has no public method to mutate")
+        raise MutationError(f"class {target!r} has no method to mutate")
     return methods
 
 

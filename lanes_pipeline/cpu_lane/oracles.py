@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanes_pipeline.cpu_lane.mutants import MutantKind, mutants
+from lanes_pipeline.cpu_lane.mutants import MutantKind, MutationError, mutants
 from lanes_pipeline.cpu_lane.sandbox import (
     SETUP_FAILED,
     CommandResult,
@@ -444,7 +444,11 @@ def kills_mutants(
     original = (sandbox.worktree / source_path).read_text(encoding="utf-8")
     runs: list[MutantRun] = []
     try:
-        for index, mutant in enumerate(mutants(original, target)):
+        made = mutants(original, target)
+    except MutationError as exc:  # a class without methods: no test of it can be shown to have teeth
+        return TeethVerdict(killed_all=False, reason=f"no mutant can be made: {exc}", runs=runs)
+    try:
+        for index, mutant in enumerate(made):
             sandbox.write(source_path, mutant.source)
             report = run(sandbox, [test_path], 100 + index)
             killed = report.outcome in KILLING_OUTCOMES or report.failed > 0

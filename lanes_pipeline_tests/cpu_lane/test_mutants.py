@@ -71,6 +71,33 @@ def test_a_class_mutates_each_public_method_and_a_method_target_only_that_one() 
         mutate("def f(:\n", "f", "return_none")
 
 
+CONTEXT_MANAGER = """class Opened:
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return self.path
+
+    def __exit__(self, *exc):
+        return False
+
+    def _private(self):
+        return 1
+
+
+class Empty:
+    name = "empty"
+"""
+
+
+def test_a_class_with_only_dunder_methods_mutates_those_and_one_without_methods_is_named() -> None:
+    # Found on a real package (CI, 2026-12-01): a context manager class stopped the whole day's step.
+    whole = mutate(CONTEXT_MANAGER, "Opened", "return_none")
+    assert whole.methods == ["Opened.__init__", "Opened.__enter__", "Opened.__exit__"]
+    with pytest.raises(MutationError, match="class 'Empty' has no method to mutate"):
+        mutate(CONTEXT_MANAGER, "Empty", "return_none")
+
+
 GOOD_TEST = """from slug import slugify
 
 

@@ -162,3 +162,8 @@ def test_kills_mutants_in_the_sandbox_keeps_a_test_with_teeth_and_restores_the_s
         assert not weak.killed_all and weak.reason.startswith("survives the return_none mutant")
         assert [r.killed for r in weak.runs] == [True, False]
         assert (sandbox.worktree / "slug.py").read_text(encoding="utf-8") == SLUG
+        # A target no mutant can be made of is a rejection with its reason, never an error of the day.
+        sandbox.write("plain.py", "class Plain:\n    name = 'plain'\n")
+        none = kills_mutants(sandbox, "plain.py", "Plain", "test_oracle.py")
+        assert not none.killed_all and none.runs == []
+        assert none.reason == "no mutant can be made: class 'Plain' has no method to mutate"
