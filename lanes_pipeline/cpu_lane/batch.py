@@ -432,7 +432,8 @@ class BatchRunner:
 
     def _send(self, endpoint: LiveEndpoint, chat: ChatRequest, item: str) -> _Answer:
         """One completion (the client retries the HTTP request); an empty answer is asked again, as often
-        as the lane's policy allows (seen on ik_llama.cpp: the first answer after start can be empty)."""
+        as the lane's policy allows. Seen on ik_llama.cpp at temperature 0: a prompt evaluated whole can
+        give end-of-text first, and asked again (its prefix now cached) it gets an answer."""
         assert self.pool is not None
         policy, sent, empty, empty_tokens = endpoint.client.retry, 0, 0, 0
         for attempt in range(1, policy.max_attempts + 1):
@@ -455,8 +456,6 @@ class BatchRunner:
             if outcome.response.text.strip():
                 metrics = request_metrics(outcome.response, outcome.latency_s, chat.max_tokens)
                 return _Answer(outcome.response, metrics, sent, empty, empty_tokens)
-            # Seen on ik_llama.cpp at temperature 0: a prompt evaluated whole can give end-of-text first,
-            # and the same prompt asked again (its prefix now cached) gives an answer.
             empty, empty_tokens = empty + 1, empty_tokens + outcome.response.usage.completion_tokens
         reason = f"item {item!r}: the server answered with empty content (after {sent} attempts)"
         raise _ItemFailed("empty", reason, sent)

@@ -198,14 +198,16 @@ class CpuClient(OpenAIClient):
         loading = unreachable = 0
         last = "no answer yet"
         while True:
-            left = timeout_s - (time.monotonic() - started)
+            # A poll waits for its answer at most POLL_ANSWER_S (or poll_s, if longer), never past the bound.
+            left = max(timeout_s - (time.monotonic() - started), 0.001)
             try:
-                code, body = self.health(timeout_s=min(max(left, 0.001), max(poll_s, POLL_ANSWER_S)))
+                code, body = self.health(timeout_s=min(left, max(poll_s, POLL_ANSWER_S)))
             except LaneTimeoutError:  # connected, no answer: still loading (ik_llama.cpp)
                 loading += 1
                 last = "no answer to GET /health (the server accepted the connection)"
-                if time.monotonic() - started >= timeout_s:
-                    raise LaneNotReadyError(LANE, self.base_url, time.monotonic() - started, last) from None
+                elapsed = time.monotonic() - started
+                if elapsed >= timeout_s:
+                    raise LaneNotReadyError(LANE, self.base_url, elapsed, last) from None
                 continue
             except LaneUnreachableError:
                 unreachable += 1

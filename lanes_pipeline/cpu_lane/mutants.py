@@ -8,8 +8,7 @@ The body is cut out by the parser's line/column offsets (ast's end_lineno/end_co
 byte offsets), never by `ast.unparse` of the whole file: comments, formatting and every other line stay
 exactly as committed, so the mutant differs from the original only inside the target. The docstring and the
 decorators stay. A class target mutates each of its public methods (all at once, one mutant per kind; a class
-with none, its dunder methods); a
-`Class.method` target mutates that method. Pure.
+with none, its dunder methods); a `Class.method` target mutates that method. Pure.
 """
 
 from __future__ import annotations
