@@ -249,3 +249,8 @@ class SleepModeUnavailableError(LaneError):
 
 class ServingError(LaneError):
     """A step of promoting, rolling back or restoring an adapter version failed (names the step)."""
+
+
+class AliasMoveInProgressError(ServingError):
+    """Another process is moving the alias (a promotion or rollback between vLLM's move and the registry's
+    record): what vLLM serves and what the registry says may differ for that moment, so do not correct it."""

@@ -7,6 +7,7 @@ stable alias (`<prefix>-current`) points, with the history of its moves, so a ro
 
 from __future__ import annotations
 
+import fcntl
 import json
 import posixpath
 import re
@@ -20,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from lanes_pipeline.errors import AliasMoveInProgressError
 from lanes_pipeline.settings import VLLM_LORA_RANKS, AdapterPathMap
 
 Status = Literal["candidate", "promoted", "rejected", "rolled_back"]
@@ -303,6 +305,23 @@ class AdapterRegistry:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._db() as db:
             db.executescript(_SCHEMA)
+
+    @contextmanager
+    def alias_move(self, wait: bool = True) -> Iterator[None]:
+        """Held from an alias move on vLLM until the registry records it (promote, rollback) and while a
+        restore compares and corrects them: without it, a restore between a promotion's move and its record
+        would move the alias back. A lock file beside the registry (flock: released when its holder ends,
+        also when it is killed mid-move, so a restore can then correct what the dead move left).
+        `wait=False`: AliasMoveInProgressError at once when another process holds it."""
+        lock_path = self.path.with_name(self.path.name + ".alias-move.lock")
+        with lock_path.open("a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise AliasMoveInProgressError(
+                    f"an alias move is in progress ({lock_path} is held by another process)"
+                ) from None
+            yield  # the lock goes with the file's closing
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:

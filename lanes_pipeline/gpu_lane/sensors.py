@@ -6,7 +6,7 @@ run could wait behind a training run in the gpu_lane pool for hours while editor
 
 from dagster import DefaultSensorStatus, SensorEvaluationContext, SkipReason, sensor
 
-from lanes_pipeline.errors import LaneError
+from lanes_pipeline.errors import AliasMoveInProgressError, LaneError
 from lanes_pipeline.gpu_lane.resources import (
     AdapterRegistryResource,
     GpuLaneResource,
@@ -37,7 +37,9 @@ def gpu_lane_adapters_sensor(
             if not client.health():
                 return SkipReason(f"GPU lane at {url} is not healthy yet; will try again")
             service = service_for(gpu_lane, adapter_registry, lora_training, client)
-            restored = service.restore()
+            restored = service.restore(wait_for_move=False)
+    except AliasMoveInProgressError as exc:  # a promotion between vLLM's move and its record: not a drift
+        return SkipReason(f"{exc}; the next tick checks {gpu_lane.alias_name} again")
     except LaneError as exc:  # down between the health check and the loads: the next tick retries
         context.log.warning(f"restoring adapters on {url} failed: {exc}")
         return SkipReason(f"restoring adapters on {url} failed; will try again: {exc}")

@@ -126,13 +126,14 @@ class AdapterService:
             self.ensure_loaded(version)
         with step(f"smoke request to {version.name}"):
             self.smoke(version.name)
-        with step(f"moving {self.alias} to {version.name}"), self.vllm_side(version.path) as remote:
-            self.client.move_alias(self.alias, remote)
-            self.verify(self.alias, remote)
-        with step(f"smoke request to {self.alias}"):
-            answer = self.smoke(self.alias)
-        seconds = time.perf_counter() - started
-        self.registry.record_move(self.alias, version.name, reason, {version.name: "promoted"})
+        with self.registry.alias_move():  # a restore meanwhile would move the alias back
+            with step(f"moving {self.alias} to {version.name}"), self.vllm_side(version.path) as remote:
+                self.client.move_alias(self.alias, remote)
+                self.verify(self.alias, remote)
+            with step(f"smoke request to {self.alias}"):
+                answer = self.smoke(self.alias)
+            seconds = time.perf_counter() - started
+            self.registry.record_move(self.alias, version.name, reason, {version.name: "promoted"})
         with step("unloading versions beyond K"):
             unloaded = self.prune()
         return AliasMoveReport(self.alias, version.name, version.path, seconds, answer, unloaded)
@@ -147,23 +148,29 @@ class AdapterService:
         leaving = history[-1].version
         target = self.registry.get(target_name)
         started = time.perf_counter()
-        with step(f"moving {self.alias} back to {target.name}"), self.vllm_side(target.path) as remote:
-            self.client.move_alias(self.alias, remote)
-            self.verify(self.alias, remote)
-            answer = self.smoke(self.alias)
-        seconds = time.perf_counter() - started
-        self.registry.record_move(
-            self.alias, target.name, f"rollback from {leaving}", {leaving: "rolled_back"}
-        )
+        with self.registry.alias_move():
+            with step(f"moving {self.alias} back to {target.name}"), self.vllm_side(target.path) as remote:
+                self.client.move_alias(self.alias, remote)
+                self.verify(self.alias, remote)
+                answer = self.smoke(self.alias)
+            seconds = time.perf_counter() - started
+            self.registry.record_move(
+                self.alias, target.name, f"rollback from {leaving}", {leaving: "rolled_back"}
+            )
         with step("unloading versions beyond K"):
             unloaded = self.prune()
         return AliasMoveReport(self.alias, target.name, target.path, seconds, answer, unloaded)
 
-    def restore(self) -> list[str]:
+    def restore(self, wait_for_move: bool = True) -> list[str]:
         """After a vLLM restart (runtime adapters are gone): the alias and the recent versions, again; and
         after a run killed inside an alias move (vLLM moved, the registry not told): the alias back where
         the registry says. Returns the names loaded; nothing when the alias is served from the registry's
-        target already or was never set."""
+        target already or was never set. While another process moves the alias, this waits for it, or
+        with `wait_for_move=False` raises AliasMoveInProgressError (the sensor: its next tick looks again)."""
+        with self.registry.alias_move(wait=wait_for_move):
+            return self._restore()
+
+    def _restore(self) -> list[str]:
         target = self.registry.alias_target(self.alias)
         if target is None:
             return []
