@@ -4,12 +4,13 @@ A batch, step by step: wait for the server (bounded), read its slots, context an
 answer every request already in the cache without sending anything; send the rest with at most `slots`
 completion requests in flight, each committed to the cache the moment it is good. Requests that share a
 prompt prefix (the fixed-prefix layout) go one first, alone, so the server caches the prefix once before the
-rest fan out (`prefix_groups`). An item that still fails is recorded with its reason and does not sink the
-batch.
+rest fan out (`prefix_order.py`). An item that still fails is recorded with its reason and does not sink the
+batch. A batch stopped early (Ctrl-C, SIGTERM, an error that ends it) returns at once: what was answered is
+committed, the requests in flight are not waited for, and nothing more is sent.
 
 Retries: the client (`http.OpenAIClient`) retries each HTTP request (transport errors, timeouts, 408, 429,
-5xx). The runner adds only what is batch-specific: an empty answer is asked again (ik_llama.cpp's first
-answer after start can be empty), an answer that does not parse gets one repair request, and a failed item
+5xx). The runner adds only what is batch-specific: an empty answer is asked again (ik_llama.cpp can answer
+end-of-text at once), an answer that does not parse gets one repair request, and a failed item
 is recorded with the number of completion requests it took.
 
 Several endpoints (`cpu_lane.endpoints`): each item is handed to the endpoint with the most free slots
@@ -26,8 +27,6 @@ The models live in `batch_models.py`, parsing and repair in `answer_parsing.py`,
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import threading
 import time
@@ -59,6 +58,7 @@ from lanes_pipeline.cpu_lane.endpoint_pool import (
     LiveEndpoint,
     open_endpoints,
 )
+from lanes_pipeline.cpu_lane.prefix_order import prefix_groups
 from lanes_pipeline.cpu_lane.slots import CapAdmission, SlotGate
 from lanes_pipeline.errors import (
     AuthenticationError,
@@ -81,41 +81,8 @@ class BatchResult(BaseModel):
         return [r for r in self.results if r.status == "failed"]
 
 
-def prefix_key(request: BatchRequest) -> str | None:
-    """What the request shares with others of its layout: every message before the last, and the last
-    one's text before `varying_from`. None when the request marks no varying part (nothing to share)."""
-    if request.varying_from is None:
-        return None
-    *fixed, last = request.messages
-    shared = [m.model_dump(mode="json") for m in fixed] + [last.content[: request.varying_from]]
-    return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()
-
-
-def prefix_groups(
-    requests: Sequence[BatchRequest], pending: Sequence[int]
-) -> tuple[list[int], dict[int, list[int]]]:
-    """(what to send at once, what waits for whom). Of each group of two or more pending requests that share
-    a prefix, the first goes alone and the rest wait for it: otherwise every slot would start on the same
-    prefix at once and each would evaluate all of it. Requests without a shared prefix go at once."""
-    by_key: dict[str, list[int]] = {}
-    first: list[int] = []
-    for index in pending:
-        key = prefix_key(requests[index])
-        if key is None:
-            first.append(index)
-        else:
-            by_key.setdefault(key, []).append(index)
-    waiting: dict[int, list[int]] = {}
-    for members in by_key.values():
-        first.append(members[0])
-        if len(members) > 1:
-            waiting[members[0]] = members[1:]
-    return sorted(first), waiting
-
-
-class _EmptyAnswer(Exception):
-    def __init__(self, sent: int) -> None:
-        self.sent = sent
+class _Stopped(Exception):
+    """Raised in a worker whose batch ended early (nobody reads it: the batch has already raised)."""
 
 
 class _Requeue(Exception):
@@ -175,6 +142,7 @@ class BatchRunner:
         self.gate: SlotGate | None = None  # the first endpoint's, once a batch runs
         self.pool: EndpointPool | None = None
         self._read_at = 0.0
+        self._stopping = threading.Event()  # set when a batch ends early: its workers send nothing more
 
     def prepare(self) -> EndpointPool:
         admission = CapAdmission(self.cap)
@@ -225,33 +193,39 @@ class BatchRunner:
         # Twice the slots in threads: token counting for the next item overlaps generation; the gates keep
         # completion requests at each endpoint's slots.
         workers = CLAIMS_PER_SLOT * limit
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cpu-lane") as threads:
+        threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cpu-lane")
+        self._stopping = threading.Event()
 
-            def submit(i: int, preferred: int | None = None) -> Future[ItemResult | _Requeued]:
-                return threads.submit(self._run_item, i, requests[i], keys[i], info, preferred)
+        def submit(i: int, preferred: int | None = None) -> Future[ItemResult | _Requeued]:
+            return threads.submit(self._run_item, i, requests[i], keys[i], info, preferred)
 
-            remaining = {submit(i) for i in first}
-            try:
-                while remaining:
-                    finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
-                    for future in finished:
-                        # Only AuthenticationError, AllEndpointsDownError and bugs raise here: they end it.
-                        result = future.result()
-                        if isinstance(result, _Requeued):  # its endpoint went down: ask another
-                            lost_sends[result.index] += result.sent
-                            remaining.add(submit(result.index))
-                            continue
-                        if lost_sends[result.index]:
-                            result.requests_sent += lost_sends[result.index]
-                        results[result.index] = result
-                        counts["failed" if result.status == "failed" else "answered"] += 1
-                        # The prefix is in that server's slot cache now (or the leader failed: go on anyway).
-                        near = by_url.get(result.endpoint or "")
-                        remaining |= {submit(i, near) for i in waiting.pop(result.index, [])}
-                        report()
-            except BaseException:
-                threads.shutdown(wait=True, cancel_futures=True)
-                raise
+        remaining = {submit(i) for i in first}
+        try:
+            while remaining:
+                finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    # Only AuthenticationError, AllEndpointsDownError and bugs raise here: they end it.
+                    result = future.result()
+                    if isinstance(result, _Requeued):  # its endpoint went down: ask another
+                        lost_sends[result.index] += result.sent
+                        remaining.add(submit(result.index))
+                        continue
+                    if lost_sends[result.index]:
+                        result.requests_sent += lost_sends[result.index]
+                    results[result.index] = result
+                    counts["failed" if result.status == "failed" else "answered"] += 1
+                    # The prefix is in that server's slot cache now (or the leader failed: go on anyway).
+                    near = by_url.get(result.endpoint or "")
+                    remaining |= {submit(i, near) for i in waiting.pop(result.index, [])}
+                    report()
+        except BaseException:
+            # Ctrl-C, SIGTERM (raised here by Dagster or the command), or an error that ends the batch: the
+            # requests in flight are not waited for (one can take minutes); they end with their answer
+            # committed, or fail when their server stops, and no worker sends anything after this.
+            self._stopping.set()
+            threads.shutdown(wait=False, cancel_futures=True)
+            raise
+        threads.shutdown()
         final = [r for r in results if r is not None]
         return BatchResult(
             results=final,
@@ -440,9 +414,11 @@ class BatchRunner:
             if attempt > 1:
                 with self._rng_lock:
                     delay = backoff_delay(attempt - 1, policy.backoff_base_s, policy.backoff_max_s, self._rng)
-                time.sleep(delay)
+                self._stopping.wait(delay)
             try:
                 with endpoint.gate.hold():
+                    if self._stopping.is_set():
+                        raise _Stopped(f"item {item!r} not sent: the batch was stopped")
                     if not self.pool.is_up(endpoint):  # it went down while this item waited for a slot
                         raise _Requeue(sent)
                     outcome = endpoint.client.chat_outcome(chat)

@@ -1,17 +1,24 @@
 """CPU-lane faults, each on a private real llama-server: killed mid-batch and restarted, still loading,
-and guarded by an API key the client gets wrong. No fake servers: the real one produces all of these."""
+and guarded by an API key the client gets wrong; and a batch stopped mid-generation (on the session's
+server). No fake servers: the real one produces all of these."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 from typing import get_args
 
 import pytest
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.batch import BatchRunner
 from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.errors import AuthenticationError, LaneError
 from lanes_pipeline.settings import CpuEngineName, CpuLane, RetryPolicy, Settings
 from lanes_pipeline_tests.conftest import settings_with_cpu_engine
@@ -149,3 +156,71 @@ def test_a_wrong_api_key_is_a_clear_error(
             resource.run_batch(questions(1))
         ok = run_batch(server.url, tmp_path / "c.sqlite3", config, questions(1), api_key="right-key")
     assert ok.results[0].status == "ok"
+
+
+class _Interrupted(BaseException):
+    """What the SIGINT handler raises here: a BaseException, as Dagster's interrupt error and Ctrl-C are."""
+
+
+def test_a_stopped_batch_returns_at_once_and_sends_nothing_more(
+    settings: Settings, cpu_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """Ctrl-C (and SIGTERM or SIGHUP, which the commands raise as it; Dagster raises its own interrupt error
+    inside a step) mid-batch: `run` raises at once, while the server is still generating the requests in
+    flight (it used to wait for them: minutes each on a large model, so `lanes run` outlived a SIGTERM), and
+    no request is sent after it. What was answered before the stop is committed."""
+    layout = PromptLayout(ASK, shared_context="Counting practice.")
+    requests = [
+        layout.build(f"count{i}", f"Count from {i} to 2000, one number per line.", 600) for i in range(8)
+    ]
+    metrics = CpuClient(cpu_server.url, timeout_s=10.0)
+    answered: list[int] = [0]
+    sent_signal = threading.Event()
+    finished = threading.Event()
+
+    def interrupt_mid_generation() -> None:
+        deadline = time.monotonic() + 120
+        while not finished.is_set() and time.monotonic() < deadline:
+            if metrics.counters().requests_running >= 1:
+                time.sleep(0.5)  # well inside a 600-token answer
+                if not finished.is_set():
+                    sent_signal.set()
+                    os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    def raise_interrupted(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    watcher = threading.Thread(target=interrupt_mid_generation, daemon=True)
+    previous = signal.signal(signal.SIGINT, raise_interrupted)
+    try:
+        with (
+            CpuClient(cpu_server.url, timeout_s=120.0, seed=0) as client,
+            ResponseCache(tmp_path / "stopped.sqlite3") as cache,
+        ):
+            watcher.start()
+            with pytest.raises(_Interrupted):
+                BatchRunner(client, cache, batch_config(settings), seed=0).run(
+                    requests, progress=lambda p: answered.append(p.answered)
+                )
+            still_running = metrics.counters().requests_running
+            sent_at_stop = client.stats.chat_requests_sent
+            finished.set()
+            watcher.join(timeout=10)
+            assert sent_signal.is_set()
+            assert still_running >= 1, "run() waited for the requests in flight"
+            deadline = time.monotonic() + 120
+            while metrics.counters().requests_running and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1.0)  # a worker that would send next has had time to
+            assert client.stats.chat_requests_sent == sent_at_stop
+            assert metrics.counters().requests_running == 0
+            # Answered before the stop: committed (an answer in flight at the stop may have been committed
+            # since). A stopped item is not recorded as failed.
+            assert cache.count() >= answered[-1]
+            assert cache.failures() == []
+    finally:
+        finished.set()
+        signal.signal(signal.SIGINT, previous)
+        metrics.close()

@@ -24,7 +24,6 @@ from lanes_pipeline.cpu_lane.answer_cache import (
     cache_key,
 )
 from lanes_pipeline.cpu_lane.answer_parsing import extract_json, parse_structured, repair_request
-from lanes_pipeline.cpu_lane.batch import prefix_groups, prefix_key
 from lanes_pipeline.cpu_lane.batch_models import (
     BatchRequest,
     ItemFailure,
@@ -35,6 +34,7 @@ from lanes_pipeline.cpu_lane.batch_models import (
 )
 from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, percentile, summarize
 from lanes_pipeline.cpu_lane.client import ServerProps, SlotState, per_slot_context, shrink_keep_tokens
+from lanes_pipeline.cpu_lane.prefix_order import prefix_groups, prefix_key
 from lanes_pipeline.cpu_lane.prompts import SHORT_ANSWER, PromptLayout, TaskKind, register
 from lanes_pipeline.cpu_lane.slots import SlotGate
 from lanes_pipeline.http import ChatMessage, ChatResponse, Timings, Usage, backoff_delay
