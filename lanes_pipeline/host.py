@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import psutil
-from dagster import Failure, MaterializeResult
+from dagster import DagsterExecutionInterruptedError, Failure, MaterializeResult
 
 SAMPLE_S = 1.0
+INTERRUPTS = (KeyboardInterrupt, DagsterExecutionInterruptedError)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -94,9 +95,9 @@ def _with(result: Any, figures: dict[str, float | int]) -> Any:
     )
 
 
-# Set by `lanes run` / `lanes serve` when SIGTERM or SIGHUP arrives (cli/stopping.py). Dagster fails the
-# step that was executing as interrupted and, with a retry policy, starts it again at once: a step that
-# starts after the stop refuses to run, for good, so the run ends instead of going on.
+# Set when a stop arrives: SIGTERM or SIGHUP to `lanes run` / `lanes serve` (cli/stopping.py), or an
+# interrupt raised inside a step (`stopped_step`). A step that starts after it refuses to run, for good, so
+# the run ends instead of going on.
 STOP_REQUESTED = threading.Event()
 
 
@@ -105,9 +106,20 @@ def refuse_after_stop() -> None:
         raise Failure("the command was asked to stop (SIGTERM or SIGHUP): step not run", allow_retries=False)
 
 
+def stopped_step(interrupt: BaseException) -> Failure:
+    """What a step interrupted by Ctrl-C or SIGTERM raises instead. Dagster raises the interrupt inside the
+    step (it maps SIGTERM to its SIGINT handler while it executes) and, when the step has a retry policy,
+    retries it after the policy's delay, so the run went on (SIGTERM) or ended only after that wait (SIGHUP,
+    seen: 44 s). A Failure that allows no retry ends the step now, and the steps after it refuse to run."""
+    STOP_REQUESTED.set()
+    return Failure(f"the step was interrupted ({type(interrupt).__name__}): stopped, not retried",
+                   allow_retries=False)  # fmt: skip
+
+
 def with_host_figures(fn: F) -> F:
     """Add `host/...` figures of the step to the asset's MaterializeResult(s); signature kept for Dagster.
-    A step that starts after a stop signal does not run (`refuse_after_stop`)."""
+    A step that starts after a stop signal does not run (`refuse_after_stop`), and one interrupted while it
+    runs is stopped, not retried (`stopped_step`)."""
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
@@ -117,6 +129,8 @@ def with_host_figures(fn: F) -> F:
             try:
                 for item in fn(*args, **kwargs):
                     yield _with(item, sampler.figures()) if isinstance(item, MaterializeResult) else item
+            except INTERRUPTS as interrupt:
+                raise stopped_step(interrupt) from interrupt
             finally:
                 sampler.stop()
 
@@ -128,6 +142,8 @@ def with_host_figures(fn: F) -> F:
         sampler = HostSampler().start()
         try:
             result = fn(*args, **kwargs)
+        except INTERRUPTS as interrupt:
+            raise stopped_step(interrupt) from interrupt
         finally:
             figures = sampler.stop()
         return _with(result, figures)

@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 
+from lanes_pipeline.host import STOP_REQUESTED
 from lanes_pipeline.settings import load_settings
 
 BENCHMARKS = ("cpu_lane", "gpu_lane", "trials", "cpu_yield", "cpu_servers", "learning", "drills")
@@ -67,7 +68,12 @@ def main(names: list[str]) -> None:
             print(f"[bench] {name}: not present, skipped", file=sys.stderr)
             continue
         started, began = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
-        result = module.run(settings)
+        try:
+            result = module.run(settings)
+        except Exception:
+            if STOP_REQUESTED.is_set():  # a step stopped by the signal: Dagster raised its Failure
+                raise KeyboardInterrupt from None
+            raise
         # Each benchmark's figures replace its own entry only: benchmarks run one at a time (hours each on
         # two cores), and the report keeps the latest run of every one, with when and with which configs.
         report["results"][name] = result | {

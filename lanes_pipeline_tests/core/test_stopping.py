@@ -15,11 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from dagster import DagsterInstance, DagsterRunStatus, asset, materialize
+from dagster import DagsterInstance, DagsterRunStatus, MaterializeResult, RetryPolicy, asset, materialize
 
 from lanes_pipeline.cli.run import stop_if_interrupted
 from lanes_pipeline.daily.instance import NOT_FINISHED
 from lanes_pipeline.embedded.servers import EmbeddedServer
+from lanes_pipeline.host import STOP_REQUESTED, with_host_figures
 from lanes_pipeline.settings import Settings, project_root
 from lanes_pipeline_tests.core.processes import family, free_port, port_is_free, survivors
 from lanes_pipeline_tests.daily.fixtures import DailyProject, daily_project
@@ -66,8 +67,10 @@ def _stop_and_check(
     """Send `sig`; the command exits within `within_s`, none of its processes survives, its ports are free."""
     tree = family(process.pid)
     process.send_signal(sig)
+    sent = time.monotonic()
     try:
         code = process.wait(timeout=within_s)
+        print(f"{sig.name}: exited {time.monotonic() - sent:.1f} s after the signal")
     finally:
         if process.poll() is None:
             for pid in family(process.pid):
@@ -95,6 +98,41 @@ def test_only_an_interrupted_run_stops_lanes_run() -> None:
         failed = materialize([broken], instance=instance, raise_on_error=False)
     assert not failed.success
     stop_if_interrupted(failed)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_step_interrupted_mid_run_is_stopped_not_retried(sig: signal.Signals) -> None:
+    """Dagster raises Ctrl-C and SIGTERM inside the executing step and, for a step with a retry policy,
+    retries it after the policy's delay: the run went on (SIGTERM) or ended a delay later (SIGHUP, 44 s seen
+    in `lanes run`). The step wrapper stops it instead: the step fails without a retry, the step after it
+    refuses to run, and the run ends at once."""
+
+    @asset(retry_policy=RetryPolicy(max_retries=2, delay=60))
+    @with_host_figures
+    def long_step() -> MaterializeResult:
+        os.kill(os.getpid(), sig)
+        time.sleep(30)  # interrupted here
+        return MaterializeResult()
+
+    @asset(deps=[long_step])
+    @with_host_figures
+    def next_step() -> MaterializeResult:
+        return MaterializeResult()
+
+    started = time.monotonic()
+    try:
+        with DagsterInstance.ephemeral() as instance:
+            result = materialize([long_step, next_step], instance=instance, raise_on_error=False)
+        took = time.monotonic() - started
+        events = {event.event_type_value for event in result.all_events}
+        assert not result.success
+        assert "STEP_UP_FOR_RETRY" not in events
+        assert STOP_REQUESTED.is_set()
+        assert took < 20, f"the run took {took:.0f} s: the interrupted step waited for a retry"
+        with pytest.raises(KeyboardInterrupt):  # and `lanes run` stops there
+            stop_if_interrupted(result)
+    finally:
+        STOP_REQUESTED.clear()  # this process goes on running other tests' steps
 
 
 @pytest.fixture
@@ -137,13 +175,14 @@ def test_lanes_backfill_stops_its_submission_and_its_waiting(project: DailyProje
 @pytest.mark.cpu_lane
 @pytest.mark.gpu_lane
 @pytest.mark.timeout(900)
-def test_lanes_run_stops_the_run_and_its_lane_on_sighup(
-    project: DailyProject, gpu_server: EmbeddedServer, tmp_path: Path
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_lanes_run_stops_the_run_and_its_lane(
+    project: DailyProject, gpu_server: EmbeddedServer, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    """`lanes run` with its own embedded CPU lane, hung up on while the day's run executes: the run is
-    stopped and recorded as such, the llama-server it started and every step's process are gone. (Dagster
-    retries an interrupted step that has a retry policy; the retried step refuses to run after a stop
-    signal, host.refuse_after_stop, so the run ends.)"""
+    """`lanes run` with its own embedded CPU lane, hung up on or sent SIGTERM while the day's run executes:
+    the run is stopped at once and recorded as such, the llama-server it started and every step's process
+    are gone. (Dagster would retry the interrupted step after its retry policy's delay; the step wrapper
+    stops it instead, host.stopped_step, and the steps after it refuse to run.)"""
     _embedded_on_free_ports(project, ("cpu",))
     # A day with minutes of CPU-lane work, so the hang-up lands mid-step (a small day ends in seconds).
     pipeline = yaml.safe_load((project.config_dir / "pipeline.yaml").read_text())
@@ -164,7 +203,7 @@ def test_lanes_run_stops_the_run_and_its_lane_on_sighup(
         600,
     )
     cpu_port = int(yaml.safe_load(state.read_text())["url"].rsplit(":", 1)[1])
-    code, tree = _stop_and_check(running, signal.SIGHUP, log, [cpu_port], within_s=120)
+    code, tree = _stop_and_check(running, sig, log, [cpu_port], within_s=30)
     assert code == 130, log.read_text()[-3000:]
     assert any("llama-server" in cmd for cmd in tree.values()), tree
     assert not state.exists()
