@@ -2,10 +2,13 @@
 so a slower build, a changed flag or a bandwidth fight between the lanes shows up as a dip."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+from typing import Any
+
+from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
 
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.daily.policies import LANE_RETRY
+from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.probe import ProbeResult, probe
@@ -26,18 +29,56 @@ def _result(result: ProbeResult, url: str) -> MaterializeResult:
     )
 
 
+def _endpoint_figures(index: int, url: str, result: ProbeResult | None, error: str | None) -> dict[str, Any]:
+    prefix = f"endpoint_{index}"
+    if result is None:
+        return {f"{prefix}/url": MetadataValue.url(url), f"{prefix}/down": str(error)}
+    return {
+        f"{prefix}/url": MetadataValue.url(url),
+        f"{prefix}/generation_tokens_per_s": result.generation_tokens_per_s,
+        f"{prefix}/prompt_tokens_per_s": result.prompt_tokens_per_s or 0.0,
+        f"{prefix}/latency_s": result.latency_s,
+    }
+
+
 @asset(
     group_name="lanes",
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
-    description="One chat request to the CPU lane: tok/s, latency.",
+    description="One chat request to each server of the CPU lane: tok/s, latency.",
 )
 @with_host_figures
 def cpu_lane_probe(context: AssetExecutionContext, cpu_lane: CpuLaneResource) -> MaterializeResult:
-    with cpu_lane.client() as client:
-        result = probe(client, cpu_lane.config.model_alias)
-    context.log.info(f"CPU lane answered at {result.generation_tokens_per_s} tok/s: {result.answer[:80]!r}")
-    return _result(result, cpu_lane.url)
+    """With several servers (`cpu_lane.endpoints`) each is asked, so one box that slowed down shows in its
+    own `endpoint_<i>/...` figures; one that does not answer is named (`endpoint_<i>/down`) and the probe
+    fails only when none answers (a batch goes on with the others, too). The top-level figures are the
+    first answering server's."""
+    answered: list[tuple[str, ProbeResult]] = []
+    down: list[str] = []
+    figures: dict[str, Any] = {}
+    endpoints = cpu_lane.endpoint_clients()
+    for index, endpoint in enumerate(endpoints):
+        with endpoint.client as client:
+            try:
+                result = probe(client, cpu_lane.config.model_alias)
+            except LaneError as exc:
+                if len(endpoints) == 1:
+                    raise
+                context.log.warning(f"CPU lane endpoint {index} ({client.base_url}) did not answer: {exc}")
+                figures |= _endpoint_figures(index, client.base_url, None, str(exc))
+                down.append(f"{client.base_url}: {exc}")
+                continue
+        answered.append((client.base_url, result))
+        figures |= _endpoint_figures(index, client.base_url, result, None) if len(endpoints) > 1 else {}
+        context.log.info(
+            f"CPU lane at {client.base_url} answered at {result.generation_tokens_per_s} tok/s: "
+            f"{result.answer[:80]!r}"
+        )
+    if not answered:
+        raise Failure(f"no CPU-lane endpoint answered the probe ({'; '.join(down)})")
+    url, first = answered[0]
+    probed = _result(first, url)
+    return MaterializeResult(metadata={**(probed.metadata or {}), **figures})
 
 
 @asset(

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 from click.testing import CliRunner
-from dagster import DagsterInstance, build_init_resource_context, materialize
+from dagster import DagsterInstance, Failure, build_asset_context, build_init_resource_context, materialize
 
 from lanes_pipeline.cli import main
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
@@ -34,7 +34,7 @@ from lanes_pipeline.gpu_lane.resources import GpuLaneResource
 from lanes_pipeline.http import OpenAIClient
 from lanes_pipeline.probe import probe
 from lanes_pipeline.settings import CpuLane, EmbeddedCpuServer, GpuLane, Settings, load_settings, project_root
-from lanes_pipeline_tests.core.processes import port_is_free
+from lanes_pipeline_tests.core.processes import free_port, port_is_free
 from lanes_pipeline_tests.daily.fixtures import daily_project
 
 
@@ -70,6 +70,30 @@ def test_probe_assets_materialize_against_real_lanes(
     for event in result.get_asset_materialization_events():
         metadata = event.materialization.metadata
         assert metadata["generation_tokens_per_s"].value > 0  # type: ignore[operator]
+
+
+def test_the_cpu_probe_asks_each_endpoint_and_names_one_that_is_down(cpu_server: EmbeddedServer) -> None:
+    """Several CPU-lane servers: each gets the probe and its own figures; one that does not answer is
+    named and the probe still materializes; with none answering it fails naming each (called directly:
+    through a run, Dagster would retry it per LANE_RETRY for minutes)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    def lane(*urls: str) -> CpuLaneResource:
+        endpoints = [{"base_url": u, "slots": 1} for u in urls]
+        return CpuLaneResource(config=CpuLane(endpoints=endpoints, max_attempts=1))
+
+    resources = {"cpu_lane": lane(dead, cpu_server.url)}
+    result = materialize([cpu_lane_probe], resources=resources, instance=DagsterInstance.ephemeral())
+    [event] = result.get_asset_materialization_events()
+    metadata = {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}
+    assert dead in metadata["endpoint_0/down"] and "endpoint_0/generation_tokens_per_s" not in metadata
+    assert metadata["endpoint_1/generation_tokens_per_s"] > 0
+    assert metadata["generation_tokens_per_s"] == metadata["endpoint_1/generation_tokens_per_s"]
+    assert metadata["url"] == cpu_server.url
+
+    with pytest.raises(Failure, match="no CPU-lane endpoint answered the probe") as failed:
+        cpu_lane_probe(build_asset_context(), cpu_lane=lane(dead, f"http://127.0.0.1:{free_port()}"))
+    assert dead in str(failed.value)
 
 
 def test_taken_port_is_reported_with_its_owner(settings: Settings) -> None:
