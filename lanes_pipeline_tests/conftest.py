@@ -23,10 +23,11 @@ def settings() -> Settings:
     ik_llama runs every CPU-lane test on ik). ik_llama.cpp (the shipped default) is under test through
     `cpu_server_ik` and `cpu_server_each_engine` (test_cpu_engines.py: client, re-run sends nothing, analyses
     parse, long prompts in both slots, flags) and the loading-server fault tests, which run on each engine.
-    Run on ik (2026-12-01, patched build): test_cpu_batch.py, test_cpu_engines.py, test_cpu_faults.py and the
-    failover test pass; the regression-oracle test of test_symbol_tests.py does not (0 of 6 targets, where
-    upstream gets them): ik's batched prompt path answers this 135M Q4_1 model's calls differently from one
-    token at a time (README, table of differences). The rest of the suite has not been run whole on ik."""
+    Run on ik (2026-12-01, patched build, `-b 32 -ub 32`): test_cpu_batch.py, test_cpu_engines.py,
+    test_cpu_faults.py, test_symbol_tests.py (35 passed) and the failover test pass. The regression-oracle
+    test failed on ik at `-ub 512` (0 of 6 targets: ik's batched prompt path answered differently from one
+    token at a time; README, table of differences), hence ik's embedded `-ub 32`. The rest of the suite has
+    not been run whole on ik."""
     engine = os.environ.get("LANES_TEST_CPU_ENGINE", "llama_cpp")
     if engine not in get_args(CpuEngineName):
         expected = ", ".join(get_args(CpuEngineName))

@@ -74,11 +74,18 @@ class ServerCommand:
 # whole softmax is masked. No other flag (batch sizes, KV types, graph reuse, cache-ram, threads) avoids it.
 # With -fa off it holds, but two prompts that fill their slots' context fail together with HTTP 500 ("KV
 # cache is full") and go on failing: each decode call of up to -b tokens is split into -ub batches, and when a
-# later one finds no room the cells the earlier ones took are not given back. With -b equal to -ub (512) a
-# decode call is one batch that either fits or takes nothing. Each default stands unless extra_args sets it.
+# later one finds no room the cells the earlier ones took are not given back. With -b equal to -ub a decode
+# call is one batch that either fits or takes nothing. Why 32 and not the default 512: ik's batched prompt
+# path (micro-batches of 64+ tokens, Q4_1) gives other logits than one token at a time, so at temperature 0
+# a prompt evaluated whole was answered differently from the same prompt served from the prefix cache (3-7
+# of 10 prompts; upstream 1), sometimes with end-of-text at once, and the regression oracles got 0 of 6
+# targets (with 32: 1 of 10 prompts differed, and the oracle test passes). Prompt speed measured the same
+# (2026-12-01, quiet 2 cores, SmolLM2 Q4_1, prompts of 391 / 1032 / 1544 tokens: 1031 / 605 / 401 tok/s at
+# 32 against 1039 / 614 / 358 at 512). Each default stands unless extra_args sets it.
 IK_DEFAULTS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("-fa", "--flash-attn", "-no-fa", "--no-flash-attn"), ("-fa", "off")),
-    (("-b", "--batch-size"), ("-b", "512")),
+    # One pair: a user who sets either size sets the batching, and gets neither of ours.
+    (("-b", "--batch-size", "-ub", "--ubatch-size"), ("-b", "32", "-ub", "32")),
 )
 
 

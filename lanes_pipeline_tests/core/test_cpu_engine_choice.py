@@ -63,13 +63,15 @@ def test_ik_gets_flash_attention_off_and_the_extra_args_after_the_lanes_own(
     moe = ["-rtr", "-ot", "exps=CPU", "-amb", "512", "-mla", "3", "-no-fmoe"]
     command = llama_server_command(CpuLane(embedded=EmbeddedCpuServer(extra_args=moe)), tmp_path, 9000)
     assert command.argv[0] == str(fake_engines["ik_llama"])
-    assert command.argv[-len(moe) - 4 :] == ["-fa", "off", "-b", "512", *moe]
+    assert command.argv[-len(moe) - 6 :] == ["-fa", "off", "-b", "32", "-ub", "32", *moe]
     assert command.env["LD_LIBRARY_PATH"].startswith(f"{fake_engines['ik_llama'].parent}:")
-    for chosen in (["-fa", "on"], ["--flash-attn", "auto"], ["-no-fa"], ["-b", "2048"], ["--batch-size=64"]):
+    batching = (["-b", "2048"], ["--batch-size=64"], ["-ub", "64"], ["--ubatch-size", "128"])
+    for chosen in (["-fa", "on"], ["--flash-attn", "auto"], ["-no-fa"], *batching):
         argv = llama_server_command(CpuLane(embedded=EmbeddedCpuServer(extra_args=chosen)), tmp_path, 1).argv
         assert argv[-len(chosen) :] == chosen  # the user's choice stands alone
-        sets_flash_attention = not chosen[0].startswith(("-b", "--batch-size"))
-        assert ("off" in argv) != sets_flash_attention and ("512" in argv) == sets_flash_attention
+        sets_flash_attention = chosen not in batching
+        ours = argv[: -len(chosen)]
+        assert ("off" in ours) != sets_flash_attention and ("-ub" in ours) == sets_flash_attention
     upstream = CpuLane(embedded=EmbeddedCpuServer(engine="llama_cpp", extra_args=["--no-webui"]))
     argv = llama_server_command(upstream, tmp_path, 9000).argv
     assert argv[0] == str(fake_engines["llama_cpp"]) and "-fa" not in argv and argv[-1] == "--no-webui"

@@ -57,7 +57,7 @@ def test_the_client_reads_each_engines_slots_context_and_server(
     assert code == 200 and health.status == "ok" and counted > 10
     if _engine(cpu_server_each_engine) == "ik_llama":
         assert "ik_llama" in info.server and health.slots_idle is not None  # ik adds slot counts
-        assert cpu_server_each_engine.command.argv[-4:] == ["-fa", "off", "-b", "512"]
+        assert cpu_server_each_engine.command.argv[-6:] == ["-fa", "off", "-b", "32", "-ub", "32"]
     else:
         assert "ik_llama" not in info.server and "-fa" not in cpu_server_each_engine.command.argv
 
@@ -141,7 +141,7 @@ def test_long_prompts_in_both_ik_slots_at_once_do_not_crash_it(
 ) -> None:
     """Two prompts that fill their slots' context, sent together: ik's flash-attention kernels aborted the
     server on any two concurrent requests (hence `-fa off`), and such a pair then failed with HTTP 500 "KV
-    cache is full" on every retry (hence `-b 512`)."""
+    cache is full" on every retry (hence `-b` equal to `-ub`)."""
     with CpuClient(cpu_server_ik.url) as client:
         info = client.server_info(settings.lanes.cpu_lane.model)
         requests = [near_full_request(client, info, item) for item in range(2)]
@@ -168,7 +168,7 @@ def test_moe_flags_pass_through_to_ik_and_a_rejected_flag_is_named(
     moe = ["-rtr", "-ot", "exps=CPU", "-amb", "512", "-mla", "3"]
     lane = settings_with_cpu_lane(ik, embedded=EmbeddedCpuServer(extra_args=moe))
     with private_cpu_server(lane) as server:
-        assert server.command.argv[-len(moe) - 4 :] == ["-fa", "off", "-b", "512", *moe]
+        assert server.command.argv[-len(moe) - 6 :] == ["-fa", "off", "-b", "32", "-ub", "32", *moe]
         assert run_batch(
             server.url, tmp_path / "c.sqlite3", batch_config(settings), questions(1, offset=70)
         ).summary.answered
