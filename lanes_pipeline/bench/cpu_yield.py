@@ -8,12 +8,13 @@ assets (repo_snapshot -> repo_analysis -> generated_tests -> generated_docs and 
 lora_dataset), and `results.cpu_yield` gets, per task kind, verified_sampling.KindYield (asked, sampled,
 accepted, targets_with_accepted, pass_at_1, pass_at_n):
 
-- `analysis`: repo_analysis's symbols (one answer each, not sampled);
+- `analysis`: repo_analysis's symbols (one answer each, not sampled; one target per symbol and day);
 - `tests`: generated_tests, which works symbol by symbol (symbol_test_day): each day's changed symbols, then
   the backlog (`backlog_per_day`), `samples_per_item` answers per symbol, each a set of regression oracles
   accepted only if it passes the sandbox runs and kills both mutants of its symbol; one target per symbol
   and day;
-- `refactor`: refactor_proposals's symbols (one diff each, not sampled, confined to the symbol's lines);
+- `refactor`: refactor_proposals's symbols (one diff each, not sampled, confined to the symbol's lines; one
+  target per symbol and day);
 - `docs`: generated_docs, on generated_tests' symbols of each day (docstring_day): `samples_per_item`
   docstrings per symbol, each accepted only if it names every parameter and its `>>>` examples pass as
   doctests in the sandbox; one target per symbol and day;
@@ -60,7 +61,7 @@ from lanes_pipeline.store import ArtifactStore
 KINDS = ("analysis", "tests", "refactor", "docs")
 TARGET_DATASET_ROWS = 40
 TARGET_TESTS_SHARE = 0.3
-NOT_SAMPLED = "one answer per changed file (not sampled per target yet): pass_at_n is pass@1"
+NOT_SAMPLED = "one answer per symbol of the day (not sampled): pass_at_n is pass@1"
 
 
 @contextmanager
@@ -115,27 +116,31 @@ def _materialize(
     return store, metadata
 
 
-def _file_kind(rows: list[tuple[str, bool]], note: str) -> KindYield:
+def _target(day: str, repo: str, path: str, symbol: str | None) -> str:
+    return f"{day}:{repo}:{path}" + (f"::{symbol}" if symbol else "")
+
+
+def _one_answer_kind(rows: list[tuple[str, bool]], note: str) -> KindYield:
     return kind_yield([TargetTally(target=t, sampled=1, accepted=int(ok)) for t, ok in rows], note=note)
 
 
 def analysis_yield(store: ArtifactStore, days: Sequence[str]) -> KindYield:
     rows = [
-        (f"{day}:{repo.repo}:{item.path}", bool(item.accepted))
+        (_target(day, repo.repo, item.path, item.symbol), bool(item.accepted))
         for day in days
         for repo in read_results(store, "repo_analysis", day, AnalysisRow)
         for item in repo.files
     ]
-    return _file_kind(rows, NOT_SAMPLED)
+    return _one_answer_kind(rows, NOT_SAMPLED)
 
 
 def refactor_yield(store: ArtifactStore, days: Sequence[str]) -> KindYield:
     rows = [
-        (f"{day}:{row.repo}:{row.path}", row.accepted)
+        (_target(day, row.repo, row.path, row.symbol), row.accepted)
         for day in days
         for row in read_results(store, "refactor_proposals", day, RefactorRow)
     ]
-    return _file_kind(rows, NOT_SAMPLED)
+    return _one_answer_kind(rows, NOT_SAMPLED)
 
 
 def dataset_rows(metadata: dict[str, dict[str, dict[str, Any]]], days: Sequence[str]) -> dict[str, int]:
