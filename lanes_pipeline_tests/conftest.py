@@ -19,16 +19,12 @@ from lanes_pipeline.settings import CpuEngineName, Settings, load_settings
 
 @pytest.fixture(scope="session")
 def settings() -> Settings:
-    """The shipped configs, with upstream llama-server as the session's CPU engine (LANES_TEST_CPU_ENGINE=
-    ik_llama runs every CPU-lane test on ik). ik_llama.cpp (the shipped default) is under test through
-    `cpu_server_ik` and `cpu_server_each_engine` (test_cpu_engines.py: client, re-run sends nothing, analyses
-    parse, long prompts in both slots, flags) and the loading-server fault tests, which run on each engine.
-    Run on ik (2026-12-01, patched build, `-b 32 -ub 32`): test_cpu_batch.py, test_cpu_engines.py,
-    test_cpu_faults.py, test_symbol_tests.py (35 passed) and the failover test pass. The regression-oracle
-    test failed on ik at `-ub 512` (0 of 6 targets: ik's batched prompt path answered differently from one
-    token at a time; README, table of differences), hence ik's embedded `-ub 32`. The rest of the suite has
-    not been run whole on ik."""
-    engine = os.environ.get("LANES_TEST_CPU_ENGINE", "llama_cpp")
+    """The shipped configs: every CPU-lane test runs on ik_llama.cpp's llama-server, the shipped default
+    (LANES_TEST_CPU_ENGINE=llama_cpp runs them all on upstream's instead). The compatibility subset that keeps
+    upstream working runs on it whatever the session engine: `cpu_server_each_engine` (test_cpu_engines.py:
+    client, a re-run sends nothing, analyses parse) and `cpu_server_upstream` (one day of the CPU-lane
+    assets), plus the loading-server fault tests, parametrized over both engines."""
+    engine = os.environ.get("LANES_TEST_CPU_ENGINE", "ik_llama")
     if engine not in get_args(CpuEngineName):
         expected = ", ".join(get_args(CpuEngineName))
         raise pytest.UsageError(f"LANES_TEST_CPU_ENGINE={engine!r}: expected one of {expected}")
