@@ -28,6 +28,7 @@ from lanes_pipeline.cpu_lane.batch import BatchRunner
 from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
 from lanes_pipeline.cpu_lane.batch_summary import BatchSummary
 from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.prefix_order import shared_prefix_limit
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.http import ChatMessage
@@ -78,26 +79,6 @@ def naive_requests(items: list[str]) -> list[BatchRequest]:
         )
         for i, item in enumerate(items)
     ]
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def shared_prefix_limit(token_lists: list[list[int]]) -> float:
-    """The reuse an ideal prefix cache could reach: each prompt's longest common prefix with any earlier
-    prompt, over all prompt tokens."""
-    total = sum(len(tokens) for tokens in token_lists)
-    shared = sum(
-        max((common_prefix_len(tokens, earlier) for earlier in token_lists[:i]), default=0)
-        for i, tokens in enumerate(token_lists)
-    )
-    return shared / total if total else 0.0
 
 
 def _rendered_tokens(client: CpuClient, requests: list[BatchRequest]) -> list[list[int]]:

@@ -10,8 +10,10 @@ least MIN_ANALYSES. Each server gets its own empty data folder, so no answer is 
 
 Per server: generation and prompt tokens/s (the batch's, over its wall time), prefix-cache reuse (cached
 prompt tokens / prompt tokens, by the server's own counts) beside its limit (the share a perfect cache would
-serve: each rendered prompt's longest common token prefix with an earlier one), and the analysis parse rate
-(answers that parse and validate, after the one repair, over all analyses).
+serve of the same prompts: each kept answer's prompt's longest common token prefix with one evaluated
+before it, its own first try included when an empty answer was asked again or repaired; the batch summary's
+`prefix_reuse_limit`), and the analysis parse rate (answers that parse and validate, after the one repair,
+over all analyses).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any, get_args
 
-from lanes_pipeline.bench.cpu_lane import _rendered_tokens, _sigterm_unwinds, shared_prefix_limit
+from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
 from lanes_pipeline.bench.cpu_yield import empty_data_dir
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
 from lanes_pipeline.cpu_lane.batch import BatchRunner
@@ -117,7 +119,6 @@ def measure(settings: Settings, engine: CpuEngineName, requests: list[BatchReque
                     overflow="shrink",  # a long file is cut to fit the slot, as the assets would
                 )
                 result = BatchRunner(client, cache, config, seed=0).run(requests)
-                limit = shared_prefix_limit(_rendered_tokens(client, requests))
         finally:
             server.stop()
     summary = result.summary
@@ -131,7 +132,7 @@ def measure(settings: Settings, engine: CpuEngineName, requests: list[BatchReque
         "generation_tok_s": round(summary.generation_tokens_per_s, 1),
         "prompt_tok_s": round(summary.prompt_tokens_per_s, 1),
         "prefix_reuse": round(summary.prefix_cache_reuse or 0.0, 4),
-        "prefix_reuse_limit": round(limit, 4),
+        "prefix_reuse_limit": round(summary.prefix_reuse_limit or 0.0, 4),
         "analysis_parse_rate": round(len(parsed) / len(requests), 4) if requests else 0.0,
         "analyses": len(requests),
         "parsed": len(parsed),

@@ -202,7 +202,7 @@ def _result(row: AssetOutcome) -> str:
     return describe(m) if describe else ""
 
 
-HEADER = ("asset", "status", "LLM calls", "cache hits", "tok/s", "prefix reuse", "result")
+HEADER = ("asset", "status", "LLM calls", "cache hits", "tok/s", "prefix reuse (limit)", "result")
 
 
 def render(summary: DaySummary) -> str:
@@ -214,10 +214,11 @@ def render(summary: DaySummary) -> str:
             answered = usage.llm_answered > 0
             calls, hits = usage.llm_requests, usage.cache_hits
             speed = usage.generation_tokens_per_s if answered else None
-            reuse = usage.prefix_reuse if answered else None
+            # The reuse beside the layout's limit: what a perfect prefix cache could have served.
+            reuse = f"{usage.prefix_reuse:.0%} ({usage.prefix_reuse_limit:.0%})" if answered else "-"
         else:  # a lane probe (one call, its speed) or a GPU-lane asset
             calls, hits = (1 if "speed_source" in m else None), m.get("cache_hits")
-            speed, reuse = m.get("generation_tokens_per_s"), None
+            speed, reuse = m.get("generation_tokens_per_s"), "-"
         table.append(
             (
                 row.asset,
@@ -225,7 +226,7 @@ def render(summary: DaySummary) -> str:
                 _cell(calls),
                 _cell(hits),
                 _cell(speed),
-                f"{reuse:.0%}" if isinstance(reuse, float) else "-",
+                reuse,
                 _result(row),
             )
         )

@@ -112,6 +112,8 @@ class _Answer:
     # Answers thrown away (empty; unparseable, then repaired) and their tokens, which the server counted.
     discarded: int = 0
     discarded_tokens: int = 0
+    # Each prompt the server evaluated for it (token ids; None when unknown), the kept answer's last.
+    prompts: list[tuple[int, ...]] | None = None
 
 
 def failure_kind(error: LaneStatusError | LaneUnreachableError) -> FailureKind:
@@ -275,7 +277,7 @@ class BatchRunner:
                 self.config.overflow,
             )
             chat = request.chat_request(self.config.model_alias, fitted.messages)
-            answer = self._send(endpoint, chat, request.id)
+            answer = self._send(endpoint, chat, request.id, fitted.token_ids)
             sent += answer.sent
             text, parsed, repaired = answer.response.text, None, False
             if request.json_schema is not None:
@@ -327,6 +329,7 @@ class BatchRunner:
             repaired=repaired,
             shrunk=fitted.shrunk,
             endpoint=endpoint.client.base_url,
+            sent_prompts=answer.prompts,
         )
 
     def _repair(
@@ -351,12 +354,15 @@ class BatchRunner:
                 "unparseable", f"{error} (no room left in the context for a repair)", 0
             ) from None
         chat = fixed.chat_request(self.config.model_alias, fitted.messages)
-        answer = self._send(endpoint, chat, request.id)
+        answer = self._send(endpoint, chat, request.id, fitted.token_ids)
         outcome = parse_structured(answer.response.text, request.output_model)
         if not outcome.ok:
             raise _ItemFailed("unparseable", f"{error}; after one repair: {outcome.error}", answer.sent)
         answer.discarded += first.discarded + 1
         answer.discarded_tokens += first.discarded_tokens + first.metrics.completion_tokens
+        answer.prompts = (
+            None if first.prompts is None or answer.prompts is None else first.prompts + answer.prompts
+        )
         return answer, outcome
 
     def _fit(
@@ -404,7 +410,9 @@ class BatchRunner:
             return False
         return code == 200
 
-    def _send(self, endpoint: LiveEndpoint, chat: ChatRequest, item: str) -> _Answer:
+    def _send(
+        self, endpoint: LiveEndpoint, chat: ChatRequest, item: str, token_ids: tuple[int, ...] | None
+    ) -> _Answer:
         """One completion (the client retries the HTTP request); an empty answer is asked again, as often
         as the lane's policy allows. Seen on ik_llama.cpp at temperature 0: a prompt evaluated whole can
         give end-of-text first, and asked again (its prefix now cached) it gets an answer."""
@@ -431,7 +439,8 @@ class BatchRunner:
             sent += outcome.attempts
             if outcome.response.text.strip():
                 metrics = request_metrics(outcome.response, outcome.latency_s, chat.max_tokens)
-                return _Answer(outcome.response, metrics, sent, empty, empty_tokens)
+                prompts = None if token_ids is None else [token_ids] * (empty + 1)
+                return _Answer(outcome.response, metrics, sent, empty, empty_tokens, prompts)
             empty, empty_tokens = empty + 1, empty_tokens + outcome.response.usage.completion_tokens
         reason = f"item {item!r}: the server answered with empty content (after {sent} attempts)"
         raise _ItemFailed("empty", reason, sent)

@@ -124,6 +124,10 @@ class ItemResult(BaseModel):
     shrunk: bool = False
     failure: ItemFailure | None = None
     endpoint: str | None = None  # the server that answered it in this run (several endpoints: which one)
+    # Every prompt the server evaluated for it in this run, as token ids, the kept answer's last (a prompt
+    # asked again after an empty answer, a repair after the first): what a perfect prefix cache could have
+    # served (prefix_order.cacheable_prompt_tokens). None when the server cannot render prompts. Memory only.
+    sent_prompts: list[tuple[int, ...]] | None = Field(default=None, exclude=True, repr=False)
 
 
 class BatchConfig(BaseModel):

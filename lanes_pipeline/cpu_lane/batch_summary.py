@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from lanes_pipeline.cpu_lane.batch_models import ItemResult
+from lanes_pipeline.cpu_lane.prefix_order import cacheable_prompt_tokens
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -47,6 +48,11 @@ class BatchSummary(BaseModel):
     prompt_tokens_per_s: float  # prompt tokens the server evaluated (cache reuse excluded) per second
     generation_tokens_per_s: float
     prefix_cache_reuse: float | None  # cached prompt tokens / prompt tokens
+    # What a perfect prefix cache could have served of the same prompts (each one's longest common prefix
+    # with any prompt evaluated before it in this batch), and that over prompt tokens: the layout's limit,
+    # beside which prefix_cache_reuse is judged. None when the server cannot render prompts.
+    cacheable_prompt_tokens: int | None = None
+    prefix_reuse_limit: float | None = None
 
     def metadata(self) -> dict[str, float | int]:
         """Flat numbers, which Dagster plots over time."""
@@ -61,6 +67,7 @@ def summarize(results: Sequence[ItemResult], wall_s: float) -> BatchSummary:
     completion = sum(m.completion_tokens for m in metrics)
     failed = [r for r in results if r.status == "failed"]
     latencies = [m.latency_s for m in metrics]
+    cacheable = _cacheable(answered) if answered else None
     return BatchSummary(
         items=len(results),
         ok=sum(r.status == "ok" for r in results),
@@ -81,7 +88,18 @@ def summarize(results: Sequence[ItemResult], wall_s: float) -> BatchSummary:
         prompt_tokens_per_s=(prompt - cached) / wall_s if wall_s > 0 else 0.0,
         generation_tokens_per_s=completion / wall_s if wall_s > 0 else 0.0,
         prefix_cache_reuse=cached / prompt if prompt else None,
+        cacheable_prompt_tokens=cacheable,
+        prefix_reuse_limit=cacheable / prompt if prompt and cacheable is not None else None,
     )
+
+
+def _cacheable(answered: Sequence[ItemResult]) -> int | None:
+    """Tokens of the kept answers' prompts a perfect prefix cache could serve, in the order the batch sends
+    them (input order: each group's first request leads); None if any item's prompts are unknown."""
+    sent = [r.sent_prompts for r in sorted(answered, key=lambda r: r.index)]
+    if any(prompts is None for prompts in sent):
+        return None
+    return cacheable_prompt_tokens([p for p in sent if p is not None])[0]
 
 
 @dataclass(frozen=True)

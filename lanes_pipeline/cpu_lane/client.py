@@ -147,6 +147,8 @@ class FittedPrompt:
     shrunk: bool  # the varying part was cut to fit
     varying_tokens_kept: int | None = None
     varying_tokens_total: int | None = None
+    # The prompt as the server will evaluate it, when it can say (/apply-template): for the reuse limit.
+    token_ids: tuple[int, ...] | None = None
 
 
 class CpuClient(OpenAIClient):
@@ -293,11 +295,16 @@ class CpuClient(OpenAIClient):
 
     def count_prompt_tokens(self, messages: list[ChatMessage]) -> int:
         """Tokens the server will evaluate for these messages (as `usage.prompt_tokens` will report them)."""
+        return self._counted_prompt(messages)[0]
+
+    def _counted_prompt(self, messages: list[ChatMessage]) -> tuple[int, tuple[int, ...] | None]:
+        """(prompt tokens, the token ids as the server renders them, when it can say: /apply-template)."""
         rendered = self.apply_template(messages)
         if rendered is not None:
-            return len(self.tokenize(rendered, add_special=True))
+            ids = tuple(self.tokenize(rendered, add_special=True))
+            return len(ids), ids
         contents = sum(len(self.tokenize(m.content)) for m in messages)
-        return contents + TEMPLATE_TOKENS_PER_MESSAGE * (len(messages) + 1)
+        return contents + TEMPLATE_TOKENS_PER_MESSAGE * (len(messages) + 1), None
 
     def fit_prompt(
         self,
@@ -316,9 +323,9 @@ class CpuClient(OpenAIClient):
         Raises PromptTooLongError when `overflow` is 'error', when nothing is marked as varying, or when
         the fixed prefix alone does not fit.
         """
-        prompt_tokens = self.count_prompt_tokens(messages)
+        prompt_tokens, token_ids = self._counted_prompt(messages)
         if prompt_tokens + max_tokens <= info.per_slot_ctx:
-            return FittedPrompt(messages, prompt_tokens, shrunk=False)
+            return FittedPrompt(messages, prompt_tokens, shrunk=False, token_ids=token_ids)
         if overflow == "error" or varying_from is None:
             detail = "" if overflow == "error" else " and it marks no varying part to shrink"
             raise PromptTooLongError(
@@ -344,7 +351,7 @@ class CpuClient(OpenAIClient):
                 )
             cut = self.detokenize(varying_ids[:keep]) + TRUNCATION_MARKER
             shrunk = [*messages[:-1], last.model_copy(update={"content": head + cut})]
-            counted = self.count_prompt_tokens(shrunk)
+            counted, token_ids = self._counted_prompt(shrunk)
             if counted + max_tokens <= info.per_slot_ctx:
                 return FittedPrompt(
                     shrunk,
@@ -352,6 +359,7 @@ class CpuClient(OpenAIClient):
                     shrunk=True,
                     varying_tokens_kept=keep,
                     varying_tokens_total=len(varying_ids),
+                    token_ids=token_ids,
                 )
             keep -= counted + max_tokens - info.per_slot_ctx + FIT_MARGIN_TOKENS
         raise PromptTooLongError(

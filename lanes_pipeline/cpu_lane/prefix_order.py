@@ -1,4 +1,5 @@
-"""The order a batch sends its requests in, so a shared prompt prefix is evaluated once (pure functions).
+"""The order a batch sends its requests in, so a shared prompt prefix is evaluated once, and the reuse a
+perfect prefix cache would reach on what was sent (pure functions).
 
 Requests with the fixed-prefix layout (prompts.PromptLayout) share everything before their varying part. If
 every slot started on such requests at once, each slot would evaluate the whole prefix; sending one first,
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from itertools import chain
 
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest
 
@@ -44,3 +46,42 @@ def prefix_groups(
         if len(members) > 1:
             waiting[members[0]] = members[1:]
     return sorted(first), waiting
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share (a binary search over slice comparisons: a day's batch
+    compares each prompt of thousands of tokens with every earlier one)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:  # a[:low] == b[:low] holds; find the largest such low
+        middle = (low + high + 1) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def shared_prefix_limit(token_lists: Sequence[Sequence[int]]) -> float:
+    """The reuse an ideal prefix cache could reach: each prompt's longest common prefix with any earlier
+    prompt, over all prompt tokens."""
+    cacheable, total = cacheable_prompt_tokens([[tokens] for tokens in token_lists])
+    return cacheable / total if total else 0.0
+
+
+def cacheable_prompt_tokens(sent: Sequence[Sequence[Sequence[int]]]) -> tuple[int, int]:
+    """(tokens a perfect prefix cache could serve, prompt tokens) of each item's kept prompt, in send order.
+
+    `sent` has, per item, every prompt the server evaluated for it, the kept one last: one prompt, or the
+    same prompt asked again after an empty answer, or the first prompt and then its repair. The kept prompt
+    can reuse its longest common prefix with any prompt evaluated before it, its own earlier tries included:
+    the limit counts the same prompts as the server's reuse figure (the kept answers' prompt tokens)."""
+    cacheable, total, earlier = 0, 0, []
+    for prompts in sent:
+        if not prompts:
+            continue
+        *tries, kept = prompts
+        seen = chain(earlier, tries)
+        cacheable += max((common_prefix_len(kept, other) for other in seen), default=0)
+        total += len(kept)
+        earlier.extend(prompts)
+    return cacheable, total

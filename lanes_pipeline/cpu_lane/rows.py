@@ -208,6 +208,11 @@ class LaneUsageFigures(Figures):
     generation_tokens_per_s: float = 0.0
     prompt_tokens_per_s: float = 0.0
     prefix_reuse: float = 0.0
+    # The layout's limit: the share of prompt tokens a perfect prefix cache could have served (each prompt's
+    # longest common prefix with one evaluated before it in its batch), and how much of it the server reached.
+    cacheable_prompt_tokens: int = 0
+    prefix_reuse_limit: float = 0.0
+    prefix_reuse_of_limit: float = 0.0
     llm_wall_s: float = 0.0
 
     @staticmethod

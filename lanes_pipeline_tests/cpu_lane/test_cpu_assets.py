@@ -34,7 +34,7 @@ from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.rows import RefactorVerdict, TestRowVerdict
+from lanes_pipeline.cpu_lane.rows import LaneUsageFigures, RefactorVerdict, TestRowVerdict
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
@@ -243,6 +243,12 @@ def test_day1_runs_in_full_and_leaves_hostile_files_out(runs: dict[str, Any]) ->
     analyses = runs["day1_results"]["repo_analysis"][0]["files"]
     assert [(a["path"], a["symbol"]) for a in analyses] == [("shapes.py", "rectangle_area")]
     assert day1.server_tokens[1] > runs["before"][1]  # the server really generated
+    # The reuse is reported beside the layout's limit: the symbol's samples share their whole prompt, so a
+    # perfect prefix cache could serve most of it; the server's own reuse is judged against that.
+    usage = LaneUsageFigures.read(day1.metadata["generated_tests"])
+    assert 0 < usage.cacheable_prompt_tokens < usage.prompt_tokens
+    assert usage.prefix_reuse_limit == round(usage.cacheable_prompt_tokens / usage.prompt_tokens, 4)
+    assert usage.prefix_reuse_of_limit == round(usage.cached_prompt_tokens / usage.cacheable_prompt_tokens, 4)
     tests, diffs = runs["day1_results"]["generated_tests"], runs["day1_results"]["refactor_proposals"]
     assert [(t["path"], t["symbol"]) for t in tests] == [("shapes.py", "rectangle_area")]
     assert [(d["path"], d["symbol"]) for d in diffs] == [("shapes.py", "rectangle_area")]

@@ -14,7 +14,7 @@ import click
 import pytest
 from pydantic import BaseModel, field_validator
 
-from lanes_pipeline.bench.cpu_lane import fixed_prefix_requests, naive_requests, shared_prefix_limit
+from lanes_pipeline.bench.cpu_lane import fixed_prefix_requests, naive_requests
 from lanes_pipeline.cli.cpu import BatchLine, read_batch_file
 from lanes_pipeline.cpu_lane.answer_cache import (
     CacheEntry,
@@ -34,7 +34,13 @@ from lanes_pipeline.cpu_lane.batch_models import (
 )
 from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, percentile, summarize
 from lanes_pipeline.cpu_lane.client import ServerProps, SlotState, per_slot_context, shrink_keep_tokens
-from lanes_pipeline.cpu_lane.prefix_order import prefix_groups, prefix_key
+from lanes_pipeline.cpu_lane.prefix_order import (
+    cacheable_prompt_tokens,
+    common_prefix_len,
+    prefix_groups,
+    prefix_key,
+    shared_prefix_limit,
+)
 from lanes_pipeline.cpu_lane.prompts import SHORT_ANSWER, PromptLayout, TaskKind, register
 from lanes_pipeline.cpu_lane.slots import SlotGate
 from lanes_pipeline.http import ChatMessage, ChatResponse, Timings, Usage, backoff_delay
@@ -284,6 +290,34 @@ def test_summary_counts_hits_failures_latency_and_reuse() -> None:
     assert summary.prefix_cache_reuse == pytest.approx(160 / 300)
     assert summary.generation_tokens_per_s == 15.0 and summary.prompt_tokens_per_s == 70.0
     assert summary.metadata()["failed"] == 1 and "failures_by_kind" not in summary.metadata()
+
+
+def test_summary_sets_the_reuse_beside_what_a_perfect_cache_could_serve() -> None:
+    def answered(index: int, *prompts: tuple[int, ...]) -> ItemResult:
+        item = _ok(index, 1.0, len(prompts[-1]), 0, 1)
+        return item.model_copy(update={"sent_prompts": list(prompts)})
+
+    prefix = tuple(range(100))
+    results = [
+        answered(1, (*prefix, 7, 7)),  # listed out of order: the limit follows the input order
+        answered(0, (*prefix, 5)),  # the group's first: nothing before it to reuse
+        answered(2, (*prefix, 9), (*prefix, 9)),  # an empty answer asked again: its first try is reusable
+    ]
+    summary = summarize(results, wall_s=1.0)
+    assert summary.cacheable_prompt_tokens == 100 + 101
+    assert summary.prefix_reuse_limit == pytest.approx(201 / (101 + 102 + 101))
+    assert "sent_prompts" not in results[0].model_dump()  # token ids stay in memory, never in a file
+    unknown = summarize([*results, _ok(3, 1.0, 50, 0, 1)], wall_s=1.0)  # a server that renders nothing
+    assert unknown.cacheable_prompt_tokens is None and unknown.prefix_reuse_limit is None
+
+
+def test_cacheable_prompt_tokens_count_earlier_prompts_and_own_tries() -> None:
+    assert common_prefix_len([1, 2, 3, 4], [1, 2, 3, 9]) == 3
+    assert common_prefix_len([1, 2], [1, 2, 3]) == 2 and common_prefix_len([], [1]) == 0
+    assert common_prefix_len(list(range(5000)), [*range(4321), -1]) == 4321
+    first, repair = (1, 2, 3), (1, 2, 3, 4, 5)  # a repair extends the prompt it answers
+    assert cacheable_prompt_tokens([[first, repair]]) == (3, 5)
+    assert cacheable_prompt_tokens([[(1, 2)], [(1, 2, 3)], []]) == (2, 5)
 
 
 def test_progress_eta_from_the_answered_rate() -> None:

@@ -95,6 +95,8 @@ class LaneUsage:
         cached = sum(s.cached_prompt_tokens for s in summaries)
         completion = sum(s.completion_tokens for s in summaries)
         wall = sum(s.wall_s for s in summaries)
+        # A batch whose server cannot render prompts has no limit: count its tokens as cacheable nowhere.
+        cacheable = sum(s.cacheable_prompt_tokens or 0 for s in summaries)
         return LaneUsageFigures(
             llm_requests=sum(s.requests_sent for s in summaries),
             llm_answered=sum(s.answered for s in summaries),
@@ -107,6 +109,9 @@ class LaneUsage:
             generation_tokens_per_s=round(completion / wall, 2) if wall > 0 else 0.0,
             prompt_tokens_per_s=round((prompt - cached) / wall, 2) if wall > 0 else 0.0,
             prefix_reuse=round(cached / prompt, 4) if prompt else 0.0,
+            cacheable_prompt_tokens=cacheable,
+            prefix_reuse_limit=round(cacheable / prompt, 4) if prompt else 0.0,
+            prefix_reuse_of_limit=round(cached / cacheable, 4) if cacheable else 0.0,
             llm_wall_s=round(wall, 3),
         ).metadata()
 
