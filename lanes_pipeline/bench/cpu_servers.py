@@ -118,7 +118,7 @@ def measure(settings: Settings, engine: CpuEngineName, requests: list[BatchReque
                     max_slots=max(1, min(lane.max_slots, info.total_slots)),
                     overflow="shrink",  # a long file is cut to fit the slot, as the assets would
                 )
-                result = BatchRunner(client, cache, config, seed=0).run(requests)
+                result = BatchRunner(client, cache, config).run(requests)
         finally:
             server.stop()
     summary = result.summary

@@ -109,7 +109,7 @@ class ResponseCache:
         self._lock = threading.Lock()
         with self._lock:
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = self._journal_mode_wal()
             if str(mode).lower() != "wal":
                 raise RuntimeError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
             # FULL: a commit survives power loss too, not only a killed process; one fsync per answer is
@@ -127,6 +127,19 @@ class ResponseCache:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def _journal_mode_wal(self) -> str:
+        """Switch to WAL. SQLite answers "database is locked" at once, without its busy handler, while
+        another connection is switching a new file's mode (seen: two runs opening one fresh cache at
+        once), so that case is tried again, for as long as the busy timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                return str(self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def close(self) -> None:
         with self._lock:

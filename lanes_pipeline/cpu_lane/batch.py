@@ -27,7 +27,6 @@ The models live in `batch_models.py`, parsing and repair in `answer_parsing.py`,
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections import Counter
@@ -67,7 +66,7 @@ from lanes_pipeline.errors import (
     LaneUnreachableError,
     PromptTooLongError,
 )
-from lanes_pipeline.http import ChatMessage, ChatRequest, ChatResponse, backoff_delay
+from lanes_pipeline.http import ChatMessage, ChatRequest, ChatResponse
 
 
 class BatchResult(BaseModel):
@@ -116,6 +115,10 @@ class _Answer:
     prompts: list[tuple[int, ...]] | None = None
 
 
+# An empty answer of a sampled request is asked again with its seed moved by this much per try.
+EMPTY_RESEED_STEP = 1_000_003
+
+
 def failure_kind(error: LaneStatusError | LaneUnreachableError) -> FailureKind:
     if isinstance(error, LaneUnreachableError):
         return "unreachable"
@@ -128,19 +131,15 @@ class BatchRunner:
         client: CpuClient | Sequence[CpuEndpointClient],
         cache: ResponseCache,
         config: BatchConfig,
-        seed: int | None = None,
         cap: Callable[[], int | None] | None = None,
     ) -> None:
         """`client`: one server (with `config.max_slots`), or several endpoints, each with its slots.
-        `cap`: see SlotGate (the bandwidth governor's cap on in-flight requests, over all endpoints).
-        `seed`: the jitter of the waits before asking again after an empty answer."""
+        `cap`: see SlotGate (the bandwidth governor's cap on in-flight requests, over all endpoints)."""
         self.endpoints = (
             [CpuEndpointClient(client, config.max_slots)] if isinstance(client, CpuClient) else list(client)
         )
         self.client = self.endpoints[0].client
         self.cache, self.config, self.cap = cache, config, cap
-        self._rng = random.Random(seed)
-        self._rng_lock = threading.Lock()
         self.gate: SlotGate | None = None  # the first endpoint's, once a batch runs
         self.pool: EndpointPool | None = None
         self._read_at = 0.0
@@ -415,14 +414,18 @@ class BatchRunner:
     ) -> _Answer:
         """One completion (the client retries the HTTP request); an empty answer is asked again, as often
         as the lane's policy allows. Seen on ik_llama.cpp at temperature 0: a prompt evaluated whole can
-        give end-of-text first, and asked again (its prefix now cached) it gets an answer."""
+        give end-of-text first, and asked again (its prefix now cached) it gets an answer.
+
+        An empty answer is no sign of a busy server, so it is asked again at once: a backoff would leave
+        the lane idle for seconds mid-batch, long enough for the GPU lane's training to take it as quiet.
+        A sampled request (temperature > 0) is asked with another seed, since its own seed draws the same
+        end-of-text again; the answer is cached under the request as asked, so a re-run reuses it."""
         assert self.pool is not None
         policy, sent, empty, empty_tokens = endpoint.client.retry, 0, 0, 0
         for attempt in range(1, policy.max_attempts + 1):
-            if attempt > 1:
-                with self._rng_lock:
-                    delay = backoff_delay(attempt - 1, policy.backoff_base_s, policy.backoff_max_s, self._rng)
-                self._stopping.wait(delay)
+            if attempt > 1 and chat.temperature > 0:
+                # Far from the sample seeds 0..n-1, so a retry never repeats another sample's request.
+                chat = chat.model_copy(update={"seed": (chat.seed or 0) + EMPTY_RESEED_STEP * (attempt - 1)})
             try:
                 with endpoint.gate.hold():
                     if self._stopping.is_set():

@@ -99,6 +99,16 @@ def request_metrics(response: ChatResponse, latency_s: float, max_tokens: int) -
 
 
 FailureKind = Literal["unreachable", "server_error", "http_error", "empty", "too_long", "unparseable"]
+# Failures the same request would meet again, which the assets remember rather than ask each run: a prompt
+# too long stays too long, an answer that did not parse after its repair, and "empty" (end-of-text on every
+# try: ik_llama.cpp does so for some prompts at temperature 0, whatever its cache holds; asked again each
+# run, a re-run of a day would never be free). The others (server down, timeouts) are asked again.
+DETERMINISTIC_FAILURES: frozenset[str] = frozenset({"unparseable", "too_long", "empty"})
+
+
+def names_deterministic_failure(reason: str) -> bool:
+    """Whether a failure reason written as "<kind>: ..." names one of DETERMINISTIC_FAILURES."""
+    return reason.split(":", 1)[0] in DETERMINISTIC_FAILURES
 
 
 class ItemFailure(BaseModel):

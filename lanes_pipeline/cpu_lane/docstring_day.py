@@ -27,7 +27,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult, names_deterministic_failure
 from lanes_pipeline.cpu_lane.docstring_edit import DocstringError, Documented, document
 from lanes_pipeline.cpu_lane.docstrings import (
     MAX_ROUNDS,
@@ -366,7 +366,7 @@ class DocsDay:
 
 def _transient(answer: DocAnswer) -> bool:
     if answer.status == "no_answer":
-        return "too_long" not in answer.reason
+        return not names_deterministic_failure(answer.reason)
     return answer.status == "fails_doctest" and f": {SANDBOX_ERROR}: " in answer.reason
 
 

@@ -59,7 +59,7 @@ class RememberedAnswer(Row):
 
 # --- repo_analysis ----------------------------------------------------------------------------------------
 
-AnalysisStatus = Literal["ok", "unparseable", "too_long", "failed"]
+AnalysisStatus = Literal["ok", "unparseable", "too_long", "empty", "failed"]
 
 
 class AnalysisAnswer(Row):

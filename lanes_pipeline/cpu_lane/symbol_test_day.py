@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.backlog import is_covered
 from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.batch_models import BatchRequest, names_deterministic_failure
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
@@ -187,7 +187,10 @@ class SymbolTestDay:
             self.verified += sum(a.status not in NO_SANDBOX for r in found for a in r.answers)
             for result in found:
                 # A transient failure of some answers is not remembered: the next run asks that symbol again.
-                if not any(a.status == "no_answer" and "too_long" not in a.reason for a in result.answers):
+                if not any(
+                    a.status == "no_answer" and not names_deterministic_failure(a.reason)
+                    for a in result.answers
+                ):
                     self.results.put(keys[result.symbol_id], result.model_dump(mode="json"))
                 known[result.symbol_id] = result.model_dump(mode="json")
         return [SymbolTestResult.model_validate(known[s.id]) for s in targets]

@@ -60,7 +60,7 @@ def run_batch(
         CpuClient(url, api_key, timeout_s=120.0, retry=retry, seed=0) as client,
         ResponseCache(cache_path) as cache,
     ):
-        return BatchRunner(client, cache, config, seed=0).run(requests, progress)
+        return BatchRunner(client, cache, config).run(requests, progress)
 
 
 def settings_with_cpu_lane(settings: Settings, **changes: Any) -> Settings:

@@ -167,6 +167,10 @@ def _symbol_in(symbol: str, request_id: str) -> bool:
     return re.split(r"[#+]", tail, maxsplit=1)[0] == symbol
 
 
+# What a chat template's special tokens look like ("<|im_start|>", "<|endoftext|>").
+SPECIAL_MARKER = re.compile(r"<\|[a-z_]+\|>")
+
+
 class ExactAnswerClient(CpuClient):
     """The lane's client, sending every chat request with its hostile entry's exact-text grammar."""
 
@@ -180,9 +184,14 @@ class ExactAnswerClient(CpuClient):
         # characters long, each costing a step. A bias towards the text's own tokens (the grammar still
         # decides what is allowed) halves the steps; the answer is the same text either way.
         # `parse_special: false`: "<|im_start|>" in a text is its characters, never the special token,
-        # which the server would leave out of the answer's content.
+        # which the server would leave out of the answer's content. ik_llama.cpp's /tokenize ignores
+        # `parse_special` and gives the special token: that one is banned instead, so the grammar spells
+        # the marker out in characters there too.
         tokens = self.request("POST", "/tokenize", json={"content": text, "parse_special": False})
-        bias = [[token, TOKEN_BIAS] for token in sorted(set(self.expect_ok(tokens).json()["tokens"]))]
+        ids = set(self.expect_ok(tokens).json()["tokens"])
+        special = {token for marker in SPECIAL_MARKER.findall(text) for token in self._one_token(marker)}
+        bias: list[list[int | float | bool]] = [[t, TOKEN_BIAS] for t in sorted(ids - special)]
+        bias += [[t, False] for t in sorted(special)]
         sent = self.send("POST", CHAT_PATH, json={**swapped.payload(), "logit_bias": bias})
         response = ChatResponse.model_validate(self.expect_ok(sent.response).json())
         outcome = ChatOutcome(response, sent.attempts, sent.latency_s)
@@ -194,6 +203,12 @@ class ExactAnswerClient(CpuClient):
                 outcome.response.choices[0].finish_reason if outcome.response.choices else None
             )
         return outcome
+
+    def _one_token(self, marker: str) -> list[int]:
+        """The marker's token when the server tokenizes it as one (a special token), else none."""
+        response = self.request("POST", "/tokenize", json={"content": marker, "parse_special": False})
+        tokens = self.expect_ok(response).json()["tokens"]
+        return tokens if len(tokens) == 1 else []
 
 
 class HostileCpuLane(CpuLaneResource):

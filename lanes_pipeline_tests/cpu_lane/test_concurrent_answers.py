@@ -35,7 +35,7 @@ def test_two_runs_asking_at_once_use_one_answer(tmp_path: Path) -> None:
     def run(name: str) -> None:
         with ResponseCache(tmp_path / "answers.sqlite3") as cache:
             endpoint = _endpoint(MeetingServer(name, meeting))
-            results[name] = BatchRunner([endpoint], cache, CONFIG, seed=0).run(_items(1))
+            results[name] = BatchRunner([endpoint], cache, CONFIG).run(_items(1))
 
     threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
     for thread in threads:

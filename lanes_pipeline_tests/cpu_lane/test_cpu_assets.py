@@ -369,5 +369,6 @@ def test_only_deterministic_failures_are_remembered() -> None:
 
     assert remembered_answer(item("ok", "```diff\n```")) == {"answer": "```diff\n```"}
     assert remembered_answer(item("failed", kind="too_long")) == {"answer": None, "reason": "too_long: why"}
+    assert remembered_answer(item("failed", kind="empty")) == {"answer": None, "reason": "empty: why"}
     assert remembered_answer(item("failed", kind="unreachable")) is None  # asked again next run
     assert remembered_answer(item("failed", kind="server_error")) is None

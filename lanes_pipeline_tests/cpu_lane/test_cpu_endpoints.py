@@ -273,7 +273,7 @@ CONFIG = BatchConfig(model_alias="smollm2", configured_model="m", ready_timeout_
 def test_a_dead_endpoint_goes_down_and_its_items_are_answered_by_the_other(tmp_path: Path) -> None:
     a, b = FakeServer("a"), FakeServer("b", die_after=2)
     with CountingCache(tmp_path / "c.sqlite3") as cache:
-        result = BatchRunner([_endpoint(a), _endpoint(b)], cache, CONFIG, seed=0).run(_items(16))
+        result = BatchRunner([_endpoint(a), _endpoint(b)], cache, CONFIG).run(_items(16))
         assert [r.status for r in result.results] == ["ok"] * 16
         assert set(cache.puts.values()) == {1} and len(cache.puts) == 16  # each committed exactly once
     by_url = {e.url: e for e in result.endpoints}
@@ -292,7 +292,7 @@ def test_every_endpoint_down_fails_the_batch_naming_them_and_keeps_what_was_comm
     a, b = FakeServer("a", die_after=3), FakeServer("b", die_after=2)
     with CountingCache(tmp_path / "c.sqlite3") as cache:
         with pytest.raises(AllEndpointsDownError, match=r"every endpoint is down \(http://a: .*; http://b: "):
-            BatchRunner([_endpoint(a), _endpoint(b)], cache, CONFIG, seed=0).run(_items(12))
+            BatchRunner([_endpoint(a), _endpoint(b)], cache, CONFIG).run(_items(12))
         assert len(cache.puts) == 5 and set(cache.puts.values()) == {1}
         assert len(cache.get_many(list(cache.puts))) == 5  # committed, readable after the failure
 
@@ -301,7 +301,7 @@ def test_a_5xx_server_that_fails_its_health_check_goes_down(tmp_path: Path) -> N
     a, b = FakeServer("a"), FakeServer("b")
     endpoints = [_endpoint(b), _endpoint(a)]  # b first: it gets items
     with ResponseCache(tmp_path / "c.sqlite3") as cache:
-        runner = BatchRunner(endpoints, cache, CONFIG, seed=0)
+        runner = BatchRunner(endpoints, cache, CONFIG)
         b_ready = runner.prepare  # b is healthy while the batch starts, then sickens
 
         def prepare_then_sicken():  # type: ignore[no-untyped-def]
@@ -324,7 +324,7 @@ def test_an_endpoint_down_before_the_batch_is_reported_and_the_rest_work(tmp_pat
     a, b = FakeServer("a"), FakeServer("b")
     b.dead = True
     with ResponseCache(tmp_path / "c.sqlite3") as cache:
-        result = BatchRunner([_endpoint(b), _endpoint(a)], cache, CONFIG, seed=0).run(_items(4))
+        result = BatchRunner([_endpoint(b), _endpoint(a)], cache, CONFIG).run(_items(4))
     assert result.summary.ok == 4 and result.server.url == "http://a"
     down = next(e for e in result.endpoints if e.url == "http://b")
     assert down.down and down.answered == 0 and "not ready before the batch" in (down.reason or "")
@@ -333,7 +333,7 @@ def test_an_endpoint_down_before_the_batch_is_reported_and_the_rest_work(tmp_pat
 def test_endpoints_serving_other_weights_are_refused(tmp_path: Path) -> None:
     a, b = FakeServer("a"), FakeServer("b", model_path="/models/other.gguf")
     with ResponseCache(tmp_path / "c.sqlite3") as cache, pytest.raises(LaneError, match="different weights"):
-        BatchRunner([_endpoint(a), _endpoint(b)], cache, CONFIG, seed=0).run(_items(2))
+        BatchRunner([_endpoint(a), _endpoint(b)], cache, CONFIG).run(_items(2))
 
 
 def test_the_resource_builds_a_client_per_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -50,7 +50,7 @@ def test_a_batch_survives_losing_one_of_two_endpoints(settings: Settings, tmp_pa
             for s in (a, b)
         ]
         cache = stack.enter_context(CountingCache(tmp_path / "answers.sqlite3"))
-        runner = BatchRunner(endpoints, cache, batch_config(settings), seed=0)
+        runner = BatchRunner(endpoints, cache, batch_config(settings))
 
         def b_has_answered(_: object) -> None:  # after each item: kill b once it took part, mid-batch
             assert runner.pool is not None

@@ -201,7 +201,7 @@ def test_a_stopped_batch_returns_at_once_and_sends_nothing_more(
         ):
             watcher.start()
             with pytest.raises(_Interrupted):
-                BatchRunner(client, cache, batch_config(settings), seed=0).run(
+                BatchRunner(client, cache, batch_config(settings)).run(
                     requests, progress=lambda p: answered.append(p.answered)
                 )
             still_running = metrics.counters().requests_running

@@ -10,6 +10,7 @@ server, readiness, the API key and everything else are tested against the real s
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import httpx
 import pytest
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchRunner
+from lanes_pipeline.cpu_lane.batch import EMPTY_RESEED_STEP, BatchRunner
 from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.errors import AuthenticationError
@@ -32,6 +33,7 @@ class FakeIkServer:
 
     def __init__(self) -> None:
         self.completions: Counter[str] = Counter()
+        self.seeds: dict[str, list[int | None]] = {}
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -50,6 +52,7 @@ class FakeIkServer:
         assert "id_slot" not in body  # never sent: an unknown slot is deferred forever
         item = body["messages"][-1]["content"]
         self.completions[item] += 1
+        self.seeds.setdefault(item, []).append(body.get("seed"))
         n = self.completions[item]
         if item == "flaky" and n <= 2:
             return httpx.Response(500, json={"error": {"code": 500, "message": "decode failed"}})
@@ -59,6 +62,9 @@ class FakeIkServer:
             return httpx.Response(502, text="bad gateway")
         if item == "locked":
             return httpx.Response(401, json={"error": {"code": 401, "message": "Invalid API Key"}})
+        if item == "empty-sampled":  # its own seed draws end-of-text at once, any other an answer
+            content = "" if body.get("seed") == 3 else f"answer to {item}"
+            return httpx.Response(200, json=_completion(content))
         content = "" if item == "empty-first" and n == 1 else f"answer to {item}"
         return httpx.Response(200, json=_completion(content))
 
@@ -84,7 +90,7 @@ def _runner(server: FakeIkServer, tmp_path: Path) -> tuple[BatchRunner, Response
     client.http = httpx.Client(base_url=URL, transport=httpx.MockTransport(server))
     cache = ResponseCache(tmp_path / "c.sqlite3")
     config = BatchConfig(model_alias="smollm2", configured_model="m")
-    return BatchRunner(client, cache, config, seed=0), cache
+    return BatchRunner(client, cache, config), cache
 
 
 def test_5xx_and_empty_answers_are_retried_4xx_is_not(tmp_path: Path) -> None:
@@ -116,3 +122,19 @@ def test_a_refused_key_mid_batch_ends_the_batch(tmp_path: Path) -> None:
     runner, cache = _runner(FakeIkServer(), tmp_path)
     with cache, pytest.raises(AuthenticationError, match="refused the API key"):
         runner.run([_request("fine"), _request("locked")])
+
+
+def test_an_empty_sampled_answer_is_asked_again_at_once_with_another_seed(tmp_path: Path) -> None:
+    """A backoff before asking again would leave the lane idle mid-batch (the GPU lane's training waits
+    for a quiet CPU lane), and a sampled request's own seed draws the same end-of-text again."""
+    server = FakeIkServer()
+    runner, cache = _runner(server, tmp_path)
+    sampled = _request("empty-sampled").model_copy(update={"temperature": 0.7, "seed": 3})
+    started = time.monotonic()
+    with cache:
+        result = runner.run([sampled])
+        again = runner.run([sampled])
+    assert time.monotonic() - started < 1.0
+    assert result.results[0].text == "answer to empty-sampled" and result.results[0].discarded_answers == 1
+    assert server.seeds["empty-sampled"] == [3, 3 + EMPTY_RESEED_STEP]
+    assert again.results[0].from_cache and server.completions["empty-sampled"] == 2  # cached as asked

@@ -23,7 +23,6 @@ from lanes_pipeline.cpu_lane.assets.by_symbol import (
     repo_coverage,
 )
 from lanes_pipeline.cpu_lane.assets.common import (
-    DETERMINISTIC_FAILURES,
     load_snapshots,
     md_table,
     ratio,
@@ -32,7 +31,7 @@ from lanes_pipeline.cpu_lane.assets.common import (
 )
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.backlog import RepoCoverage
-from lanes_pipeline.cpu_lane.batch_models import ItemResult
+from lanes_pipeline.cpu_lane.batch_models import DETERMINISTIC_FAILURES, ItemResult
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.repos import Snapshot
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource

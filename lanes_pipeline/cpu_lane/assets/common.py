@@ -14,7 +14,7 @@ from typing import Any
 from dagster import MetadataValue
 
 from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import ItemResult
+from lanes_pipeline.cpu_lane.batch_models import DETERMINISTIC_FAILURES, ItemResult
 from lanes_pipeline.cpu_lane.memo import Memo
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
 from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, read_blobs
@@ -23,9 +23,6 @@ from lanes_pipeline.cpu_lane.rows import LaneUsageFigures, RowT, read_rows
 from lanes_pipeline.cpu_lane.sample_repo import EMBEDDED_REPO, ensure_sample_repo
 from lanes_pipeline.settings import RepoEntry, Settings
 from lanes_pipeline.store import ArtifactStore, sha256_tree
-
-# Failure kinds of the batch runner that the same request would meet again: remembered, not re-asked.
-DETERMINISTIC_FAILURES = frozenset({"unparseable", "too_long"})
 
 
 def repo_location(settings: Settings, entry: RepoEntry) -> Path:
