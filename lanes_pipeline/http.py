@@ -196,9 +196,11 @@ class OpenAIClient:
         retry: RetryPolicy | None = None,
         seed: int | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        keep_alive: bool = True,
     ) -> None:
         """`retry`: the lane's policy (its config model is one); None takes RetryPolicy's defaults.
-        `seed` makes the jitter reproducible; `sleep` is what waits between attempts."""
+        `seed` makes the jitter reproducible; `sleep` is what waits between attempts. `keep_alive: False`
+        closes each connection after its answer, for a server with few HTTP threads."""
         self.lane, self.base_url = lane, base_url.rstrip("/")
         self.retry = retry.retry_policy() if retry is not None else RetryPolicy()
         self.stats = ClientStats()
@@ -208,6 +210,7 @@ class OpenAIClient:
             base_url=self.base_url,
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits() if keep_alive else httpx.Limits(max_keepalive_connections=0),
         )
 
     def close(self) -> None:

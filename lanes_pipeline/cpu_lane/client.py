@@ -171,6 +171,12 @@ class CpuClient(OpenAIClient):
             connect_timeout_s=connect_timeout_s,
             retry=retry,
             seed=seed,
+            # llama-server answers on a pool of n_parallel + 2 threads (on a small machine) and holds one per
+            # open connection for cpp-httplib's 5 s keep-alive: the batch's workers plus a metrics poller
+            # can hold them all, and a new connection then waits 5 s (seen on ik_llama.cpp: the last
+            # item of a 6-item batch sent 4.7 s late, the lane idle meanwhile). A new connection per
+            # request costs nothing next to a completion.
+            keep_alive=False,
         )
         self._has_apply_template: bool | None = None
 
