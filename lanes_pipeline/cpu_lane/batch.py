@@ -27,6 +27,7 @@ The models live in `batch_models.py`, parsing and repair in `answer_parsing.py`,
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections import Counter
@@ -66,7 +67,7 @@ from lanes_pipeline.errors import (
     LaneUnreachableError,
     PromptTooLongError,
 )
-from lanes_pipeline.http import ChatMessage, ChatRequest, ChatResponse
+from lanes_pipeline.http import ChatMessage, ChatRequest, ChatResponse, backoff_delay
 
 
 class BatchResult(BaseModel):
@@ -140,6 +141,9 @@ class BatchRunner:
         )
         self.client = self.endpoints[0].client
         self.cache, self.config, self.cap = cache, config, cap
+        # The jitter of the waits before asking again after an empty answer (unseeded: runs at once differ).
+        self._rng = random.Random()
+        self._rng_lock = threading.Lock()
         self.gate: SlotGate | None = None  # the first endpoint's, once a batch runs
         self.pool: EndpointPool | None = None
         self._read_at = 0.0
@@ -416,16 +420,22 @@ class BatchRunner:
         as the lane's policy allows. Seen on ik_llama.cpp at temperature 0: a prompt evaluated whole can
         give end-of-text first, and asked again (its prefix now cached) it gets an answer.
 
-        An empty answer is no sign of a busy server, so it is asked again at once: a backoff would leave
-        the lane idle for seconds mid-batch, long enough for the GPU lane's training to take it as quiet.
-        A sampled request (temperature > 0) is asked with another seed, since its own seed draws the same
-        end-of-text again; the answer is cached under the request as asked, so a re-run reuses it."""
+        The wait before asking again matters on ik: asked again at once, the same prompt met the same
+        slot state and was empty again (4 of 4 tries, 2 items of 16); after the backoff, other requests
+        have moved the slots on and it gets an answer. A sampled request (temperature > 0) is asked with
+        another seed, since its own seed draws the same end-of-text again; the answer is cached under the
+        request as asked, so a re-run reuses it."""
         assert self.pool is not None
         policy, sent, empty, empty_tokens = endpoint.client.retry, 0, 0, 0
         for attempt in range(1, policy.max_attempts + 1):
-            if attempt > 1 and chat.temperature > 0:
-                # Far from the sample seeds 0..n-1, so a retry never repeats another sample's request.
-                chat = chat.model_copy(update={"seed": (chat.seed or 0) + EMPTY_RESEED_STEP * (attempt - 1)})
+            if attempt > 1:
+                with self._rng_lock:
+                    delay = backoff_delay(attempt - 1, policy.backoff_base_s, policy.backoff_max_s, self._rng)
+                self._stopping.wait(delay)
+                if chat.temperature > 0:
+                    # Far from the sample seeds 0..n-1, so a retry never repeats another sample's request.
+                    step = EMPTY_RESEED_STEP * (attempt - 1)
+                    chat = chat.model_copy(update={"seed": (chat.seed or 0) + step})
             try:
                 with endpoint.gate.hold():
                     if self._stopping.is_set():

@@ -41,7 +41,6 @@ from lanes_pipeline.settings import (
     load_settings,
     project_root,
 )
-from lanes_pipeline_tests.cpu_lane.fixtures import questions
 
 # -- decisions ---------------------------------------------------------------------------------------------
 
@@ -379,8 +378,10 @@ def test_training_waits_while_a_cpu_lane_batch_holds_the_bandwidth(
         bandwidth=BandwidthConfig(yield_to_gpu=False),
     )
     finished: list[float] = []
+    # Answers that run to max_tokens: on ik a 24-token answer takes 0.1 s, and the wait's first reading
+    # could fall between two items (a quiet first reading means no wait at all).
     batch = threading.Thread(
-        target=lambda: (cpu_lane.run_batch(questions(6, max_tokens=24)), finished.append(time.monotonic()))
+        target=lambda: (cpu_lane.run_batch(counting(6, max_tokens=64)), finished.append(time.monotonic()))
     )
     batch.start()
     deadline = time.monotonic() + 60

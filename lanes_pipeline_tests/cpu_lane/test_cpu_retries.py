@@ -124,9 +124,8 @@ def test_a_refused_key_mid_batch_ends_the_batch(tmp_path: Path) -> None:
         runner.run([_request("fine"), _request("locked")])
 
 
-def test_an_empty_sampled_answer_is_asked_again_at_once_with_another_seed(tmp_path: Path) -> None:
-    """A backoff before asking again would leave the lane idle mid-batch (the GPU lane's training waits
-    for a quiet CPU lane), and a sampled request's own seed draws the same end-of-text again."""
+def test_an_empty_sampled_answer_is_asked_again_with_another_seed(tmp_path: Path) -> None:
+    """A sampled request's own seed draws the same end-of-text again: the next try moves the seed."""
     server = FakeIkServer()
     runner, cache = _runner(server, tmp_path)
     sampled = _request("empty-sampled").model_copy(update={"temperature": 0.7, "seed": 3})
