@@ -53,6 +53,7 @@ class ChatRequest(BaseModel):
     stop: list[str] | None = None
     response_format: dict[str, Any] | None = None
     grammar: str | None = None  # GBNF (llama-server, ik_llama.cpp); never together with response_format
+    ignore_eos: bool | None = None  # llama-server: generate past end-of-text, to a stop string or max_tokens
 
     def payload(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

@@ -423,8 +423,11 @@ class BatchRunner:
         The wait before asking again matters on ik: asked again at once, the same prompt met the same
         slot state and was empty again (4 of 4 tries, 2 items of 16); after the backoff, other requests
         have moved the slots on and it gets an answer. A sampled request (temperature > 0) is asked with
-        another seed, since its own seed draws the same end-of-text again; the answer is cached under the
-        request as asked, so a re-run reuses it."""
+        another seed, since its own seed draws the same end-of-text again. A free-text request's last try
+        ignores end-of-text (`ignore_eos`): its answer runs to a stop string or max_tokens, and the checks
+        after it (parsing, the sandbox) decide what it is worth; seen on ik, a sampled oracle request was
+        empty on all 4 tries. A grammar's end must stay reachable, so structured requests keep it. Either
+        way the answer is cached under the request as asked, so a re-run reuses it."""
         assert self.pool is not None
         policy, sent, empty, empty_tokens = endpoint.client.retry, 0, 0, 0
         for attempt in range(1, policy.max_attempts + 1):
@@ -436,6 +439,8 @@ class BatchRunner:
                     # Far from the sample seeds 0..n-1, so a retry never repeats another sample's request.
                     step = EMPTY_RESEED_STEP * (attempt - 1)
                     chat = chat.model_copy(update={"seed": (chat.seed or 0) + step})
+                if attempt == policy.max_attempts and chat.grammar is None and chat.response_format is None:
+                    chat = chat.model_copy(update={"ignore_eos": True})
             try:
                 with endpoint.gate.hold():
                     if self._stopping.is_set():

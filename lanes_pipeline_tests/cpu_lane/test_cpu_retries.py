@@ -62,6 +62,9 @@ class FakeIkServer:
             return httpx.Response(502, text="bad gateway")
         if item == "locked":
             return httpx.Response(401, json={"error": {"code": 401, "message": "Invalid API Key"}})
+        if item == "always-empty":  # end-of-text at once, unless told to ignore it
+            content = f"answer to {item}" if body.get("ignore_eos") else ""
+            return httpx.Response(200, json=_completion(content))
         if item == "empty-sampled":  # its own seed draws end-of-text at once, any other an answer
             content = "" if body.get("seed") == 3 else f"answer to {item}"
             return httpx.Response(200, json=_completion(content))
@@ -137,3 +140,20 @@ def test_an_empty_sampled_answer_is_asked_again_with_another_seed(tmp_path: Path
     assert result.results[0].text == "answer to empty-sampled" and result.results[0].discarded_answers == 1
     assert server.seeds["empty-sampled"] == [3, 3 + EMPTY_RESEED_STEP]
     assert again.results[0].from_cache and server.completions["empty-sampled"] == 2  # cached as asked
+
+
+def test_a_free_text_request_empty_on_every_try_ignores_end_of_text_on_its_last(tmp_path: Path) -> None:
+    server = FakeIkServer()
+    runner, cache = _runner(server, tmp_path)
+    structured = BatchRequest(
+        id="always-empty-json",
+        messages=[ChatMessage(role="user", content="always-empty")],
+        json_schema={"type": "object"},
+    )
+    with cache:
+        result = runner.run([_request("always-empty")])
+        kept = runner.run([structured])  # a grammar's end must stay reachable: no ignore_eos there
+    item = result.results[0]
+    assert item.status == "ok" and item.text == "answer to always-empty" and item.discarded_answers == 2
+    assert server.completions["always-empty"] == 3 + 3  # 3 tries each (max_attempts 3); only 1 ignored EOS
+    assert kept.results[0].status == "failed" and kept.results[0].failure.kind == "empty"
