@@ -54,6 +54,8 @@ class ChatRequest(BaseModel):
     response_format: dict[str, Any] | None = None
     grammar: str | None = None  # GBNF (llama-server, ik_llama.cpp); never together with response_format
     ignore_eos: bool | None = None  # llama-server: generate past end-of-text, to a stop string or max_tokens
+    # llama-server: the slot to run in. Only one the server has: an unknown slot is deferred forever.
+    id_slot: int | None = Field(None, ge=0)
 
     def payload(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

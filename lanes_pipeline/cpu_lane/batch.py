@@ -4,9 +4,11 @@ A batch, step by step: wait for the server (bounded), read its slots, context an
 answer every request already in the cache without sending anything; send the rest with at most `slots`
 completion requests in flight, each committed to the cache the moment it is good. Requests that share a
 prompt prefix (the fixed-prefix layout) go one first, alone, so the server caches the prefix once before the
-rest fan out (`prefix_order.py`). An item that still fails is recorded with its reason and does not sink the
-batch. A batch stopped early (Ctrl-C, SIGTERM, an error that ends it) returns at once: what was answered is
-committed, the requests in flight are not waited for, and nothing more is sent.
+rest fan out (`prefix_order.py`); where the server keeps slot files, that request's slot is first copied
+into the idle others, so no slot evaluates the prefix again (`slot_copy.py`). An item that still fails is
+recorded with its reason and does not sink the batch. A batch stopped early (Ctrl-C, SIGTERM, an error
+that ends it) returns at once: what was answered is committed, the requests in flight are not waited for,
+and nothing more is sent.
 
 Retries: the client (`http.OpenAIClient`) retries each HTTP request (transport errors, timeouts, 408, 429,
 5xx). The runner adds only what is batch-specific: an empty answer is asked again (ik_llama.cpp can answer
@@ -59,6 +61,7 @@ from lanes_pipeline.cpu_lane.endpoint_pool import (
     open_endpoints,
 )
 from lanes_pipeline.cpu_lane.prefix_order import prefix_groups
+from lanes_pipeline.cpu_lane.slot_copy import copy_slot
 from lanes_pipeline.cpu_lane.slots import CapAdmission, SlotGate
 from lanes_pipeline.errors import (
     AuthenticationError,
@@ -148,6 +151,8 @@ class BatchRunner:
         self.pool: EndpointPool | None = None
         self._read_at = 0.0
         self._stopping = threading.Event()  # set when a batch ends early: its workers send nothing more
+        # A group's first request, answered: the endpoint and slot it ran in, until its slot is copied.
+        self._leader_slots: dict[int, tuple[LiveEndpoint, int]] = {}
 
     def prepare(self) -> EndpointPool:
         admission = CapAdmission(self.cap)
@@ -202,7 +207,8 @@ class BatchRunner:
         self._stopping = threading.Event()
 
         def submit(i: int, preferred: int | None = None) -> Future[ItemResult | _Requeued]:
-            return threads.submit(self._run_item, i, requests[i], keys[i], info, preferred)
+            leads = i in waiting  # the first of a group: pinned to a slot, which is copied after it
+            return threads.submit(self._run_item, i, requests[i], keys[i], info, preferred, leads)
 
         remaining = {submit(i) for i in first}
         try:
@@ -220,8 +226,14 @@ class BatchRunner:
                     results[result.index] = result
                     counts["failed" if result.status == "failed" else "answered"] += 1
                     # The prefix is in that server's slot cache now (or the leader failed: go on anyway).
+                    # It is copied into the other slots where the server can, so none evaluates it again;
+                    # only once no other group waits to fan out, whose prefix a slot may still hold.
                     near = by_url.get(result.endpoint or "")
-                    remaining |= {submit(i, near) for i in waiting.pop(result.index, [])}
+                    followers = waiting.pop(result.index, [])
+                    if followers and result.status == "ok" and not waiting:
+                        self._copy_prefix(result.index)
+                    self._leader_slots.pop(result.index, None)
+                    remaining |= {submit(i, near) for i in followers}
                     report()
         except BaseException:
             # Ctrl-C, SIGTERM (raised here by Dagster or the command), or an error that ends the batch: the
@@ -234,7 +246,7 @@ class BatchRunner:
         final = [r for r in results if r is not None]
         return BatchResult(
             results=final,
-            summary=summarize(final, time.monotonic() - started),
+            summary=summarize(final, time.monotonic() - started, sum(r.slot_copies for r in pool.reports())),
             server=info,
             endpoints=pool.reports(),
         )
@@ -252,21 +264,59 @@ class BatchRunner:
         return True
 
     def _run_item(
-        self, index: int, request: BatchRequest, key: str, info: ServerInfo, preferred: int | None
+        self,
+        index: int,
+        request: BatchRequest,
+        key: str,
+        info: ServerInfo,
+        preferred: int | None,
+        leads: bool = False,
     ) -> ItemResult | _Requeued:
-        """The item on one endpoint, chosen now; `info` is the batch's (its weights fingerprint)."""
+        """The item on one endpoint, chosen now; `info` is the batch's (its weights fingerprint). `leads`:
+        the first request of a prefix group runs in a slot of its own choosing, so the runner knows which
+        slot to copy once it is answered."""
         assert self.pool is not None
         endpoint = self.pool.claim(preferred)
+        slot = self.pool.pin_slot(endpoint) if leads else None
         try:
-            return self._on_endpoint(endpoint, index, request, key, info)
+            result = self._on_endpoint(endpoint, index, request, key, info, slot)
+            if slot is not None:
+                self._leader_slots[index] = (endpoint, slot)
+            return result
         except _Requeue as exc:
             self.pool.gave_back(endpoint)
             return _Requeued(index, exc.sent)
         finally:
+            if slot is not None:
+                self.pool.unpin(endpoint, slot)
             self.pool.release(endpoint)
 
+    def _copy_prefix(self, leader: int) -> None:
+        """Copy the leader's slot into the endpoint's other slots before its group fans out, when nothing
+        else of the batch runs there (only then are those slots known to be idle); otherwise the group
+        fans out as it is, each other slot evaluating the prefix once."""
+        assert self.pool is not None
+        pinned = self._leader_slots.get(leader)
+        if pinned is None or self._stopping.is_set():
+            return
+        endpoint, source = pinned
+        if not endpoint.slot_copy:
+            return
+        with self.pool.alone(endpoint) as alone:
+            if not alone:
+                return
+            targets = [slot for slot in range(endpoint.gate.limit) if slot != source]
+            copy = copy_slot(endpoint.client, source, targets)
+        self.pool.copied(endpoint, copy)
+
     def _on_endpoint(
-        self, endpoint: LiveEndpoint, index: int, request: BatchRequest, key: str, info: ServerInfo
+        self,
+        endpoint: LiveEndpoint,
+        index: int,
+        request: BatchRequest,
+        key: str,
+        info: ServerInfo,
+        slot: int | None = None,
     ) -> ItemResult:
         sent = 0
         server = endpoint.info  # its own context decides what fits; the weights are the batch's
@@ -280,6 +330,8 @@ class BatchRunner:
                 self.config.overflow,
             )
             chat = request.chat_request(self.config.model_alias, fitted.messages)
+            if slot is not None:  # after the cache key: where it runs does not change what is asked
+                chat = chat.model_copy(update={"id_slot": slot})
             answer = self._send(endpoint, chat, request.id, fitted.token_ids)
             sent += answer.sent
             text, parsed, repaired = answer.response.text, None, False

@@ -53,13 +53,15 @@ class BatchSummary(BaseModel):
     # beside which prefix_cache_reuse is judged. None when the server cannot render prompts.
     cacheable_prompt_tokens: int | None = None
     prefix_reuse_limit: float | None = None
+    # Slots a group's shared prefix was copied into from the slot that evaluated it (slot_copy.py).
+    prefix_slot_copies: int = 0
 
     def metadata(self) -> dict[str, float | int]:
         """Flat numbers, which Dagster plots over time."""
         return {k: v for k, v in self.model_dump().items() if isinstance(v, int | float) and v is not None}
 
 
-def summarize(results: Sequence[ItemResult], wall_s: float) -> BatchSummary:
+def summarize(results: Sequence[ItemResult], wall_s: float, prefix_slot_copies: int = 0) -> BatchSummary:
     answered = [r for r in results if r.status == "ok" and not r.from_cache and r.metrics is not None]
     metrics = [r.metrics for r in answered if r.metrics is not None]
     prompt = sum(m.prompt_tokens for m in metrics)
@@ -90,6 +92,7 @@ def summarize(results: Sequence[ItemResult], wall_s: float) -> BatchSummary:
         prefix_cache_reuse=cached / prompt if prompt else None,
         cacheable_prompt_tokens=cacheable,
         prefix_reuse_limit=cacheable / prompt if prompt and cacheable is not None else None,
+        prefix_slot_copies=prefix_slot_copies,
     )
 
 

@@ -5,7 +5,12 @@ What the two servers do differently, and what this client does about it:
 - `/props` has `total_slots` on both; ik has a top-level `n_ctx` (the whole context), mainline reports
   per-slot `n_ctx` in `default_generation_settings` and in `/slots`. `ServerInfo` derives one per-slot
   context from whichever is there.
-- `id_slot` is never sent: a slot that does not exist is deferred forever, never rejected.
+- `id_slot`: a slot that does not exist is deferred forever, never rejected; the batch runner sends only
+  slots below the server's `total_slots` (a group's first request, whose slot is then copied).
+- Slot save / restore (`POST /slots/N?action=...`): only with `--slot-save-path`; without it ik answers
+  404, mainline 501 (`save_slot` / `restore_slot` return None). A restore that fails never answers on ik
+  0.1.5 (its error result is not the one the handler waits for), so both calls are bounded and the runner
+  restores only a file it has just saved.
 - Over-long prompts: ik truncates or answers 500, mainline answers 400. `fit_prompt` counts tokens first
   (`/apply-template` + `/tokenize`) and never sends a prompt that does not fit.
 """
@@ -70,6 +75,15 @@ class SlotState(WireModel):
     id: int
     n_ctx: int | None = None
     is_processing: bool | None = None
+
+
+class SlotFileResult(WireModel):
+    """llama-server's answer to a slot save (`n_saved`) or restore (`n_restored`)."""
+
+    id_slot: int | None = None
+    filename: str = ""
+    n_saved: int | None = None
+    n_restored: int | None = None
 
 
 class TokenizeResponse(WireModel):
@@ -245,6 +259,29 @@ class CpuClient(OpenAIClient):
         if response.status_code in (404, 501):
             return None
         return [SlotState.model_validate(slot) for slot in self.expect_ok(response).json()]
+
+    def save_slot(self, slot: int, filename: str, timeout_s: float) -> SlotFileResult | None:
+        """Write the slot's KV cache to `filename` in the server's --slot-save-path; None when the server
+        has no slot files (started without that flag)."""
+        return self._slot_action(slot, "save", filename, timeout_s)
+
+    def restore_slot(self, slot: int, filename: str, timeout_s: float) -> SlotFileResult | None:
+        """Load a file `save_slot` wrote into the slot (which must be idle; a busy one waits). Bounded: on
+        ik a restore that fails is never answered."""
+        return self._slot_action(slot, "restore", filename, timeout_s)
+
+    def _slot_action(self, slot: int, action: str, filename: str, timeout_s: float) -> SlotFileResult | None:
+        response = self.request(
+            "POST",
+            f"/slots/{slot}",
+            params={"action": action},
+            json={"filename": filename},
+            timeout=timeout_s,
+            retries=False,  # not idempotent enough to repeat blindly: the caller decides
+        )
+        if response.status_code in (404, 501):
+            return None
+        return SlotFileResult.model_validate(self.expect_ok(response).json())
 
     def server_info(self, configured_model: str) -> ServerInfo:
         """Everything a batch reads before it starts: slots, context, and the weights' fingerprint."""

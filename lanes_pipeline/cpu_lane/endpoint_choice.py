@@ -76,6 +76,8 @@ class EndpointReport(BaseModel):
     requeued: int = 0  # its items that went back to the queue when it went down
     down: bool = False
     reason: str | None = None  # why it went down
+    slot_copies: int = 0  # slots a group's prefix was copied into (slot_copy.py)
+    slot_copy_off: str | None = None  # why copying stopped on this server, when it did
 
 
 class AllEndpointsDownError(LaneError):

@@ -11,13 +11,15 @@ them: answers of different models must not be mixed under one key.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lanes_pipeline.cpu_lane.client import CpuClient, ServerInfo
 from lanes_pipeline.cpu_lane.endpoint_choice import (
+    CLAIMS_PER_SLOT,
     AllEndpointsDownError,
     EndpointReport,
     EndpointView,
@@ -26,6 +28,7 @@ from lanes_pipeline.cpu_lane.endpoint_choice import (
     all_down,
     choose_endpoint,
 )
+from lanes_pipeline.cpu_lane.slot_copy import SlotCopy
 from lanes_pipeline.cpu_lane.slots import CapAdmission, SlotGate
 from lanes_pipeline.errors import AuthenticationError, LaneError
 
@@ -47,6 +50,9 @@ class LiveEndpoint:
     report: EndpointReport
     claimed: int = 0
     up: bool = True
+    # Slots the first request of a group runs in (pinned, so its slot can be copied to the others).
+    pinned: set[int] = field(default_factory=set)
+    slot_copy: bool = True  # False once the server showed it cannot copy a slot (report.slot_copy_off)
 
     def view(self) -> EndpointView:
         return EndpointView(up=self.up, slots=self.gate.limit, claimed=self.claimed)
@@ -79,10 +85,48 @@ class EndpointPool:
                     return self.live[chosen]
                 self._cond.wait(timeout=1.0)
 
-    def release(self, endpoint: LiveEndpoint) -> None:
+    def release(self, endpoint: LiveEndpoint, claims: int = 1) -> None:
         with self._cond:
-            endpoint.claimed -= 1
+            endpoint.claimed -= claims
             self._cond.notify_all()
+
+    def pin_slot(self, endpoint: LiveEndpoint) -> int | None:
+        """A slot of the endpoint for a group's first request, which no other such request of this batch
+        holds, or None (one slot, no slot copies on this server, or every slot taken): unpinned, the
+        server chooses, as it always did."""
+        with self._cond:
+            if endpoint.gate.limit < 2 or not endpoint.slot_copy:
+                return None
+            free = [slot for slot in range(endpoint.gate.limit) if slot not in endpoint.pinned]
+            if not free:
+                return None
+            endpoint.pinned.add(free[0])
+            return free[0]
+
+    def unpin(self, endpoint: LiveEndpoint, slot: int) -> None:
+        with self._cond:
+            endpoint.pinned.discard(slot)
+
+    @contextmanager
+    def alone(self, endpoint: LiveEndpoint) -> Iterator[bool]:
+        """Whether no item of this batch is on the endpoint now; while the block runs, none is handed to it
+        (a slot copy restores into slots that must be idle)."""
+        with self._cond:
+            alone = endpoint.up and endpoint.claimed == 0
+            if alone:
+                endpoint.claimed += endpoint.gate.limit * CLAIMS_PER_SLOT
+        try:
+            yield alone
+        finally:
+            if alone:
+                self.release(endpoint, endpoint.gate.limit * CLAIMS_PER_SLOT)
+
+    def copied(self, endpoint: LiveEndpoint, copy: SlotCopy) -> None:
+        with self._cond:
+            endpoint.report.slot_copies += len(copy.restored)
+            if copy.off_reason is not None:
+                endpoint.slot_copy = False
+                endpoint.report.slot_copy_off = copy.off_reason
 
     def is_up(self, endpoint: LiveEndpoint) -> bool:
         with self._cond:

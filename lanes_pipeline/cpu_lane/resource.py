@@ -234,6 +234,9 @@ def batch_metadata(result: BatchResult) -> dict[str, Any]:
             metadata[f"cpu_lane/endpoint_{index}_answered"] = endpoint.answered
         metadata["cpu_lane/endpoints"] = endpoints_table(result)
     metadata["cpu_lane/per_slot_ctx"] = result.server.per_slot_ctx
+    copy_off = next((e.slot_copy_off for e in result.endpoints if e.slot_copy_off), None)
+    if copy_off is not None:
+        metadata["cpu_lane/slot_copy_off"] = copy_off
     if result.bandwidth is not None:
         metadata |= {f"cpu_lane/{k}": v for k, v in result.bandwidth.metadata().items()}
     failed = result.failed()

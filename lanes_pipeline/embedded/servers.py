@@ -107,6 +107,11 @@ def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
     if embedded.threads:
         argv += ["-t", str(embedded.threads)]
     given = {arg.split("=", 1)[0] for arg in embedded.extra_args}
+    if "--slot-save-path" not in given:
+        # Both servers served a prefix only from the slot that evaluated it (a group of 8 on 2 slots: 0.857 of
+        # the layout's limit on each); with slot files the batch copies that slot into the others
+        # (cpu_lane/slot_copy.py). ik joins this path and the file name as given: hence the slash.
+        argv += ["--slot-save-path", f"{_slot_dir(data, port)}/"]
     for flags, default in IK_DEFAULTS if embedded.engine == "ik_llama" else ():
         if not given.intersection(flags):
             argv += default
@@ -119,6 +124,12 @@ def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
         if embedded.engine == "ik_llama":  # ik reads no key from the environment: a private file instead
             argv[1:1] = ["--api-key-file", str(_key_file(data, port, key))]
     return ServerCommand("cpu", argv, env, port, "/health")
+
+
+def _slot_dir(data: Path, port: int) -> Path:
+    path = data / "run" / f"cpu-lane-{port}-slots"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _key_file(data: Path, port: int, key: str) -> Path:

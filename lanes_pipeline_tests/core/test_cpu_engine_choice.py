@@ -77,6 +77,20 @@ def test_ik_gets_flash_attention_off_and_the_extra_args_after_the_lanes_own(
     assert argv[0] == str(fake_engines["llama_cpp"]) and "-fa" not in argv and argv[-1] == "--no-webui"
 
 
+def test_both_engines_keep_slot_files_in_the_data_folder_unless_the_user_sets_the_path(
+    fake_engines: dict[str, Path], tmp_path: Path
+) -> None:
+    """The batch copies a group's prefix between slots with slot files (cpu_lane/slot_copy.py)."""
+    for engine in ("ik_llama", "llama_cpp"):
+        argv = llama_server_command(CpuLane(embedded=EmbeddedCpuServer(engine=engine)), tmp_path, 9003).argv
+        path = argv[argv.index("--slot-save-path") + 1]
+        assert path == f"{tmp_path}/run/cpu-lane-9003-slots/"  # ik joins it and the file name as given
+        assert Path(path).is_dir()
+    own = ["--slot-save-path", "/srv/slots/"]
+    argv = llama_server_command(CpuLane(embedded=EmbeddedCpuServer(extra_args=own)), tmp_path, 9004).argv
+    assert argv.count("--slot-save-path") == 1 and argv[-2:] == own
+
+
 def test_the_api_key_reaches_ik_through_a_private_file_and_upstream_through_its_environment(
     fake_engines: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

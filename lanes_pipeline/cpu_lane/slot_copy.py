@@ -1,0 +1,68 @@
+"""Copying a group's shared prompt prefix from the slot that evaluated it into the server's other slots,
+with llama-server's slot files (`--slot-save-path`), so that no slot evaluates the prefix again.
+
+Why: the first request of a group goes alone (`prefix_order.py`), so its slot holds the prefix when the rest
+fan out; but ik_llama.cpp serves a prefix only from the slot that evaluated it (its host-memory prompt
+cache saves a slot's prompt only when that slot moves to another one), so every other slot evaluated the
+whole prefix once more: with 2 slots a group of 8 reached 0.857 of the layout's limit at best. Saving the
+slot and restoring the file into each idle slot costs milliseconds (measured on the embedded ik: 11 ms to
+save a 273-token slot, 2 ms to restore it; a follower then evaluated 8 of its 269 prompt tokens); a
+prefix of thousands of tokens costs a large model seconds in each slot.
+
+A server without slot files (started without `--slot-save-path`: upstream's default, or a user's own
+server) answers 404 / 501, and the batch goes on as before. Upstream llama-server needs no copy: its
+host-memory prompt cache serves another slot's prefix.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.errors import LaneError
+
+# A slot file of a large model's long prompt is hundreds of MB; a restore that fails never answers on ik.
+SLOT_FILE_TIMEOUT_S = 60.0
+NO_SLOT_FILES = "no slot files on this server (start it with --slot-save-path to copy a prefix to every slot)"
+
+
+@dataclass
+class SlotCopy:
+    """What one copy did: the slots that now hold the prefix besides the source, and, when copying should
+    stop for the rest of the batch on this server, why."""
+
+    restored: list[int] = field(default_factory=list)
+    off_reason: str | None = None
+
+
+def slot_file_name(source: int) -> str:
+    """One file per process and source slot, overwritten by the next copy: the folder stays small, and two
+    processes sharing a server never read each other's half-written file."""
+    return f"lanes-prefix-{os.getpid()}-slot{source}.bin"
+
+
+def copy_slot(
+    client: CpuClient, source: int, targets: list[int], timeout_s: float = SLOT_FILE_TIMEOUT_S
+) -> SlotCopy:
+    """Save `source` and restore it into each of `targets`, which must be idle (a busy one would make the
+    restore wait for it). Any failure stops the copy and names itself in `off_reason`; what was restored
+    before it stays (a slot holds either its old cache or the whole prefix)."""
+    filename = slot_file_name(source)
+    copy = SlotCopy()
+    try:
+        saved = client.save_slot(source, filename, timeout_s)
+        if saved is None:
+            copy.off_reason = NO_SLOT_FILES
+            return copy
+        if not saved.n_saved:
+            return copy  # the slot holds nothing (its request failed early): nothing worth copying
+        for target in targets:
+            restored = client.restore_slot(target, filename, timeout_s)
+            if restored is None:
+                copy.off_reason = NO_SLOT_FILES
+                return copy
+            copy.restored.append(target)
+    except LaneError as exc:
+        copy.off_reason = f"slot copy failed: {exc}"
+    return copy
