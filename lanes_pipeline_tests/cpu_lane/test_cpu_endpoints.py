@@ -2,8 +2,9 @@
 llama-server), the config rules, and the runner's failover against fake servers.
 
 FAKE SERVERS, on purpose, for the runner tests here: a server that dies after exactly N answers, one that
-answers 5xx while its /health fails, and two servers with different weights are exact on demand only with
-an httpx.MockTransport. The failover of a real llama-server SIGKILLed mid-batch is
+answers 5xx while its /health fails, two servers with different weights, and the order of slot actions
+around a group's first request (with a restore that never answers) are exact on demand only with an
+httpx.MockTransport. The failover of a real llama-server SIGKILLed mid-batch is
 test_cpu_endpoints_failover.py.
 """
 
@@ -352,3 +353,62 @@ def test_the_resource_builds_a_client_per_endpoint(monkeypatch: pytest.MonkeyPat
     assert clients[0].client.http.headers.get("authorization") is None
     for c in clients:
         c.client.close()
+
+
+# -- copying a group's prefix between slots ----------------------------------------------------------------
+
+
+class SlotFileServer(FakeServer):
+    """A FakeServer with slot files; `restore_hangs`: a restore never answers (what ik 0.1.5 does when a
+    restore fails, which a real server does only for a file the runner never asks it to restore)."""
+
+    def __init__(self, restore_hangs: bool = False) -> None:
+        super().__init__("s")
+        self.restore_hangs = restore_hangs
+        self.events: list[str] = []  # slot actions and completions, in the order the server saw them
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.startswith("/slots/"):
+            action, slot = request.url.params["action"], int(path.rsplit("/", 1)[1])
+            self.events.append(f"{action} {slot}")
+            if action == "restore" and self.restore_hangs:
+                raise httpx.ReadTimeout("timed out", request=request)
+            count = "n_saved" if action == "save" else "n_restored"
+            return httpx.Response(200, json={"id_slot": slot, "filename": "f", count: 300})
+        if path == "/v1/chat/completions":
+            body = json.loads(request.content)
+            self.events.append(f"chat {body['messages'][-1]['content'][-2:]} slot {body.get('id_slot')}")
+        return super().__call__(request)
+
+
+def _group(count: int) -> list[BatchRequest]:
+    prefix = "a repo map " * 20
+    return [
+        BatchRequest(
+            id=f"g{n}", messages=[ChatMessage(role="user", content=f"{prefix}q{n}")], varying_from=len(prefix)
+        )
+        for n in range(count)
+    ]
+
+
+def test_the_first_of_a_group_runs_in_a_pinned_slot_copied_to_the_other_first(tmp_path: Path) -> None:
+    server = SlotFileServer()
+    with ResponseCache(tmp_path / "c.sqlite3") as cache:
+        result = BatchRunner([_endpoint(server)], cache, CONFIG).run(_group(4))
+    assert [r.status for r in result.results] == ["ok"] * 4
+    assert server.events[:3] == ["chat q0 slot 0", "save 0", "restore 1"]
+    assert sorted(server.events[3:]) == ["chat q1 slot None", "chat q2 slot None", "chat q3 slot None"]
+    assert result.endpoints[0].slot_copies == 1 and result.summary.prefix_slot_copies == 1
+
+
+def test_a_restore_that_never_answers_is_bounded_and_turns_copies_off_for_the_batch(tmp_path: Path) -> None:
+    server = SlotFileServer(restore_hangs=True)  # the client's timeout, as it ends the call
+    with ResponseCache(tmp_path / "c.sqlite3") as cache:
+        result = BatchRunner([_endpoint(server)], cache, CONFIG).run(_group(4))
+    assert [r.status for r in result.results] == ["ok"] * 4  # the group still fans out and is answered
+    (endpoint,) = result.endpoints
+    assert endpoint.slot_copies == 0
+    assert endpoint.slot_copy_off is not None and endpoint.slot_copy_off.startswith("slot copy failed: ")
+    assert "POST /slots/1" in endpoint.slot_copy_off  # the request that did not answer, named
+    assert batch_metadata(result)["cpu_lane/slot_copy_off"] == endpoint.slot_copy_off
