@@ -60,7 +60,7 @@ from lanes_pipeline.cpu_lane.endpoint_pool import (
     LiveEndpoint,
     open_endpoints,
 )
-from lanes_pipeline.cpu_lane.prefix_order import prefix_groups
+from lanes_pipeline.cpu_lane.prefix_order import SendOrder, prefix_groups
 from lanes_pipeline.cpu_lane.slot_copy import copy_slot
 from lanes_pipeline.cpu_lane.slots import CapAdmission, SlotGate
 from lanes_pipeline.errors import (
@@ -197,20 +197,33 @@ class BatchRunner:
                 )
 
         report()
-        first, waiting = prefix_groups(requests, pending)
+        order = SendOrder(*prefix_groups(requests, pending))
         by_url = {e.client.base_url: e.index for e in pool.live}
+        near: dict[int, int | None] = {}  # a group's first request -> the endpoint that answered it
         lost_sends: Counter[int] = Counter()  # requests sent for an item on endpoints that went down
-        # Twice the slots in threads: token counting for the next item overlaps generation; the gates keep
-        # completion requests at each endpoint's slots.
-        workers = CLAIMS_PER_SLOT * limit
-        threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cpu-lane")
+        # No more items at once than slots: when one ends, the next is chosen for the slot it freed
+        # (SendOrder), which token counting ahead for a queued item would not allow (it takes ms next to
+        # a completion). More threads than that for the items re-queued when an endpoint goes down.
+        threads = ThreadPoolExecutor(max_workers=CLAIMS_PER_SLOT * limit, thread_name_prefix="cpu-lane")
         self._stopping = threading.Event()
 
-        def submit(i: int, preferred: int | None = None) -> Future[ItemResult | _Requeued]:
-            leads = i in waiting  # the first of a group: pinned to a slot, which is copied after it
+        sent_order: dict[int, int] = {}  # item -> when it was first sent, for the reuse limit
+
+        def submit(i: int) -> Future[ItemResult | _Requeued]:
+            sent_order.setdefault(i, len(sent_order))
+            group = order.group_of.get(i)
+            preferred = near.get(group) if group is not None else None
+            # The first of the last group waiting: its slot may be copied once it ends (see below).
+            leads = i in order.waiting and len(order.waiting) == 1
             return threads.submit(self._run_item, i, requests[i], keys[i], info, preferred, leads)
 
-        remaining = {submit(i) for i in first}
+        remaining: set[Future[ItemResult | _Requeued]] = set()
+
+        def fill(after: int | None) -> None:
+            while len(remaining) < limit and (i := order.next_after(after)) is not None:
+                remaining.add(submit(i))
+
+        fill(None)
         try:
             while remaining:
                 finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
@@ -223,17 +236,18 @@ class BatchRunner:
                         continue
                     if lost_sends[result.index]:
                         result.requests_sent += lost_sends[result.index]
+                    result.sent_order = sent_order[result.index]
                     results[result.index] = result
                     counts["failed" if result.status == "failed" else "answered"] += 1
-                    # The prefix is in that server's slot cache now (or the leader failed: go on anyway).
+                    # The prefix is in that server's slot cache now (or the first failed: go on anyway).
                     # It is copied into the other slots where the server can, so none evaluates it again;
                     # only once no other group waits to fan out, whose prefix a slot may still hold.
-                    near = by_url.get(result.endpoint or "")
-                    followers = waiting.pop(result.index, [])
-                    if followers and result.status == "ok" and not waiting:
-                        self._copy_prefix(result.index)
+                    if order.ended(result.index):
+                        near[result.index] = by_url.get(result.endpoint or "")
+                        if result.status == "ok" and not order.waiting:
+                            self._copy_prefix(result.index)
                     self._leader_slots.pop(result.index, None)
-                    remaining |= {submit(i, near) for i in followers}
+                    fill(result.index)
                     report()
         except BaseException:
             # Ctrl-C, SIGTERM (raised here by Dagster or the command), or an error that ends the batch: the
@@ -287,8 +301,6 @@ class BatchRunner:
             self.pool.gave_back(endpoint)
             return _Requeued(index, exc.sent)
         finally:
-            if slot is not None:
-                self.pool.unpin(endpoint, slot)
             self.pool.release(endpoint)
 
     def _copy_prefix(self, leader: int) -> None:

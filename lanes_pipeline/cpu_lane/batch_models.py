@@ -138,6 +138,8 @@ class ItemResult(BaseModel):
     # asked again after an empty answer, a repair after the first): what a perfect prefix cache could have
     # served (prefix_order.cacheable_prompt_tokens). None when the server cannot render prompts. Memory only.
     sent_prompts: list[tuple[int, ...]] | None = Field(default=None, exclude=True, repr=False)
+    # Its place in the order the batch sent its items (SendOrder's, not the input's): the reuse limit's order.
+    sent_order: int | None = Field(default=None, exclude=True, repr=False)
 
 
 class BatchConfig(BaseModel):

@@ -97,9 +97,10 @@ def summarize(results: Sequence[ItemResult], wall_s: float, prefix_slot_copies: 
 
 
 def _cacheable(answered: Sequence[ItemResult]) -> int | None:
-    """Tokens of the kept answers' prompts a perfect prefix cache could serve, in the order the batch sends
-    them (input order: each group's first request leads); None if any item's prompts are unknown."""
-    sent = [r.sent_prompts for r in sorted(answered, key=lambda r: r.index)]
+    """Tokens of the kept answers' prompts a perfect prefix cache could serve, in the order the batch sent
+    them (`sent_order`; input order where it is unknown); None if any item's prompts are unknown."""
+    in_order = sorted(answered, key=lambda r: r.index if r.sent_order is None else r.sent_order)
+    sent = [r.sent_prompts for r in in_order]
     if any(prompts is None for prompts in sent):
         return None
     return cacheable_prompt_tokens([p for p in sent if p is not None])[0]

@@ -50,8 +50,6 @@ class LiveEndpoint:
     report: EndpointReport
     claimed: int = 0
     up: bool = True
-    # Slots the first request of a group runs in (pinned, so its slot can be copied to the others).
-    pinned: set[int] = field(default_factory=set)
     slot_copy: bool = True  # False once the server showed it cannot copy a slot (report.slot_copy_off)
 
     def view(self) -> EndpointView:
@@ -91,21 +89,13 @@ class EndpointPool:
             self._cond.notify_all()
 
     def pin_slot(self, endpoint: LiveEndpoint) -> int | None:
-        """A slot of the endpoint for a group's first request, which no other such request of this batch
-        holds, or None (one slot, no slot copies on this server, or every slot taken): unpinned, the
-        server chooses, as it always did."""
+        """Slot 0 for a group's first request when it is the only item of this batch on the endpoint (its
+        slot can be copied once it ends; every slot of the batch is idle, so pinning makes it wait for
+        nothing), else None: unpinned, the server chooses, as it always did."""
         with self._cond:
-            if endpoint.gate.limit < 2 or not endpoint.slot_copy:
+            if endpoint.gate.limit < 2 or not endpoint.slot_copy or endpoint.claimed != 1:
                 return None
-            free = [slot for slot in range(endpoint.gate.limit) if slot not in endpoint.pinned]
-            if not free:
-                return None
-            endpoint.pinned.add(free[0])
-            return free[0]
-
-    def unpin(self, endpoint: LiveEndpoint, slot: int) -> None:
-        with self._cond:
-            endpoint.pinned.discard(slot)
+            return 0
 
     @contextmanager
     def alone(self, endpoint: LiveEndpoint) -> Iterator[bool]:

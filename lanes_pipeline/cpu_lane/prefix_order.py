@@ -4,13 +4,21 @@ perfect prefix cache would reach on what was sent (pure functions).
 Requests with the fixed-prefix layout (prompts.PromptLayout) share everything before their varying part. If
 every slot started on such requests at once, each slot would evaluate the whole prefix; sending one first,
 alone, puts the prefix in the server's cache before the rest fan out to the other slots.
+
+A day's batch has many such groups (a symbol's test samples share everything but the seed). A server slot
+holds one prompt: the one it evaluated last. So when a request ends, its slot is the one free, and the next
+request sent goes there: `SendOrder` sends next the rest of the group whose request just ended, so each
+slot works through a group whose prefix it holds; a new group starts only when that one is done (seen on a
+first `make run` day: generated_tests reused 83% against a limit of 94% while every group's first request
+went before any group's rest).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Mapping, Sequence
 from itertools import chain
 
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest
@@ -46,6 +54,40 @@ def prefix_groups(
         if len(members) > 1:
             waiting[members[0]] = members[1:]
     return sorted(first), waiting
+
+
+class SendOrder:
+    """Which pending request goes next, given the one that just ended (pure bookkeeping, no I/O).
+
+    `first` and `waiting` are `prefix_groups`'s. A group's rest is released when its first request ends
+    (answered or failed: its prefix is in the slot either way). Next after request R: the rest of R's group
+    (its prefix is in the slot R freed); else a request of `first` (a new group starts in that slot); else
+    the rest of another group (that slot evaluates its prefix once more: nothing better is left)."""
+
+    def __init__(self, first: Sequence[int], waiting: Mapping[int, Sequence[int]]) -> None:
+        self.fresh = deque(first)
+        self.waiting = {leader: list(rest) for leader, rest in waiting.items()}  # until the first ends
+        self.group_of = {i: leader for leader, rest in waiting.items() for i in (leader, *rest)}
+        self._released: dict[int, deque[int]] = {}
+
+    def ended(self, index: int) -> bool:
+        """Request `index` ended; True when it was the first of a group with a rest, now released."""
+        rest = self.waiting.pop(index, None)
+        if rest:
+            self._released[index] = deque(rest)
+        return bool(rest)
+
+    def next_after(self, index: int | None) -> int | None:
+        """The next request to send once `index` ended (None: at the start); None when nothing is ready."""
+        group = self.group_of.get(index) if index is not None else None
+        if group is not None and self._released.get(group):
+            return self._released[group].popleft()
+        if self.fresh:
+            return self.fresh.popleft()
+        for rest in self._released.values():
+            if rest:
+                return rest.popleft()
+        return None
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -35,6 +35,7 @@ from lanes_pipeline.cpu_lane.batch_models import (
 from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, percentile, summarize
 from lanes_pipeline.cpu_lane.client import ServerProps, SlotState, per_slot_context, shrink_keep_tokens
 from lanes_pipeline.cpu_lane.prefix_order import (
+    SendOrder,
     cacheable_prompt_tokens,
     common_prefix_len,
     prefix_groups,
@@ -453,3 +454,19 @@ def test_requests_sharing_a_prefix_wait_for_the_first_of_their_group() -> None:
     assert first == [0, 1, 3] and waiting == {0: [2, 4]}
     # Already answered items do not lead: the first pending one of the group does.
     assert prefix_groups(requests, [2, 4]) == ([2], {2: [4]})
+
+
+def test_the_next_request_is_the_rest_of_the_group_whose_request_just_freed_its_slot() -> None:
+    """Groups a (0: 1, 2), b (3: 4, 5), c (6: 7) and a loose item 8, on 2 slots."""
+    order = SendOrder([0, 3, 6, 8], {0: [1, 2], 3: [4, 5], 6: [7]})
+    assert [order.next_after(None), order.next_after(None)] == [0, 3]  # two groups start, one per slot
+    assert order.ended(0) and order.next_after(0) == 1  # a's rest goes where a's prefix is
+    assert order.ended(3) and order.next_after(3) == 4
+    assert not order.ended(1) and order.next_after(1) == 2  # a's slot stays on a
+    assert not order.ended(2) and order.next_after(2) == 6  # a is done: c starts in that slot
+    assert not order.ended(4) and order.next_after(4) == 5
+    assert not order.ended(5) and order.next_after(5) == 8  # b done, c's rest not released yet: the loose one
+    assert order.waiting == {6: [7]} and order.next_after(8) is None  # nothing ready until c's first ends
+    assert order.ended(6) and not order.waiting
+    assert order.next_after(8) == 7  # from another slot: nothing better is left
+    assert order.next_after(7) is None
