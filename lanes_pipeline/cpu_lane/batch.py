@@ -4,11 +4,12 @@ A batch, step by step: wait for the server (bounded), read its slots, context an
 answer every request already in the cache without sending anything; send the rest with at most `slots`
 completion requests in flight, each committed to the cache the moment it is good. Requests that share a
 prompt prefix (the fixed-prefix layout) go one first, alone, so the server caches the prefix once before the
-rest fan out (`prefix_order.py`); where the server keeps slot files, that request's slot is first copied
-into the idle others, so no slot evaluates the prefix again (`slot_copy.py`). An item that still fails is
-recorded with its reason and does not sink the batch. A batch stopped early (Ctrl-C, SIGTERM, an error
-that ends it) returns at once: what was answered is committed, the requests in flight are not waited for,
-and nothing more is sent.
+rest fan out (`prefix_order.py`), and when a request ends, the next one sent is the rest of its group (its
+prefix is in the slot it freed); where the server keeps slot files, a lone group's first request's slot is
+first copied into the idle others, so no slot evaluates the prefix again (`slot_copy.py`). An item that
+still fails is recorded with its reason and does not sink the batch. A batch stopped early (Ctrl-C,
+SIGTERM, an error that ends it) returns at once: what was answered is committed, the requests in flight
+are not waited for, and nothing more is sent.
 
 Retries: the client (`http.OpenAIClient`) retries each HTTP request (transport errors, timeouts, 408, 429,
 5xx). The runner adds only what is batch-specific: an empty answer is asked again (ik_llama.cpp can answer
