@@ -42,11 +42,17 @@ class EndpointView:
 
 
 def choose_endpoint(views: Sequence[EndpointView], preferred: int | None = None) -> int | None:
-    """The endpoint for the next item: `preferred` when it is up and has room, else the one with the most
-    room (relative to its slots, so a 4-slot server gets twice the work of a 2-slot one; ties go to the
-    earlier one). None when none has room (wait) or none is up (see `all_down`)."""
-    if preferred is not None and 0 <= preferred < len(views) and views[preferred].free > 0:
-        return preferred
+    """The endpoint for the next item: `preferred` when it is up and has an idle slot, else the one with the
+    most room (relative to its slots, so a 4-slot server gets twice the work of a 2-slot one; ties go to
+    the earlier one). None when none has room (wait) or none is up (see `all_down`).
+
+    An idle slot, not just room for a claim: the batch keeps no more items at once than slots, so a
+    preferred server taking claims beyond its slots would starve the others (seen: 4 items at once all went
+    to the server holding their prefix, the second server got none)."""
+    if preferred is not None and 0 <= preferred < len(views):
+        view = views[preferred]
+        if view.free > 0 and view.claimed < view.slots:
+            return preferred
     candidates = [i for i, view in enumerate(views) if view.free > 0]
     if not candidates:
         return None

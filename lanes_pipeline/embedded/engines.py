@@ -434,7 +434,7 @@ def ensure_ik_server(data_dir: Path, build: IkBuild = IK_BUILD, echo: bool = Tru
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if echo:
             print(
-                f"[lanes] building ik_llama.cpp's llama-server from {build.requirement} (once, 10-20 min on "
+                f"[lanes] building ik_llama.cpp's llama-server from {build.requirement} (once, 6-9 min on "
                 f"2 cores); log: {log_path}",
                 flush=True,
             )

@@ -50,7 +50,9 @@ def test_the_next_item_goes_where_there_is_most_room_relative_to_the_slots() -> 
     assert choose_endpoint(views) == 1  # 1 of 4 free vs 6 of 8 free
     even = [EndpointView(up=True, slots=2, claimed=1), EndpointView(up=True, slots=2, claimed=1)]
     assert choose_endpoint(even) == 0  # a tie goes to the earlier one
-    assert choose_endpoint(even, preferred=1) == 1  # the prefix's server, while it has room
+    assert choose_endpoint(even, preferred=1) == 1  # the prefix's server, while it has an idle slot
+    busy = [EndpointView(up=True, slots=2, claimed=2), EndpointView(up=True, slots=2, claimed=0)]
+    assert choose_endpoint(busy, preferred=0) == 1  # its slots are taken: the other's idle slot
 
 
 def test_no_room_waits_and_a_down_endpoint_gets_nothing() -> None:
