@@ -313,7 +313,7 @@ class BatchRunner:
         if pinned is None or self._stopping.is_set():
             return
         endpoint, source = pinned
-        if not endpoint.slot_copy:
+        if not endpoint.copies_slots:
             return
         with self.pool.alone(endpoint) as alone:
             if not alone:

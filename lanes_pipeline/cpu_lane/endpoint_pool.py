@@ -50,7 +50,11 @@ class LiveEndpoint:
     report: EndpointReport
     claimed: int = 0
     up: bool = True
-    slot_copy: bool = True  # False once the server showed it cannot copy a slot (report.slot_copy_off)
+
+    @property
+    def copies_slots(self) -> bool:
+        """Until the server showed it cannot copy a slot (report.slot_copy_off says why)."""
+        return self.report.slot_copy_off is None
 
     def view(self) -> EndpointView:
         return EndpointView(up=self.up, slots=self.gate.limit, claimed=self.claimed)
@@ -93,7 +97,7 @@ class EndpointPool:
         slot can be copied once it ends; every slot of the batch is idle, so pinning makes it wait for
         nothing), else None: unpinned, the server chooses, as it always did."""
         with self._cond:
-            if endpoint.gate.limit < 2 or not endpoint.slot_copy or endpoint.claimed != 1:
+            if endpoint.gate.limit < 2 or not endpoint.copies_slots or endpoint.claimed != 1:
                 return None
             return 0
 
@@ -115,7 +119,6 @@ class EndpointPool:
         with self._cond:
             endpoint.report.slot_copies += len(copy.restored)
             if copy.off_reason is not None:
-                endpoint.slot_copy = False
                 endpoint.report.slot_copy_off = copy.off_reason
 
     def is_up(self, endpoint: LiveEndpoint) -> bool:

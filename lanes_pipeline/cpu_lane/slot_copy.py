@@ -2,16 +2,16 @@
 with llama-server's slot files (`--slot-save-path`), so that no slot evaluates the prefix again.
 
 Why: the first request of a group goes alone (`prefix_order.py`), so its slot holds the prefix when the rest
-fan out; but ik_llama.cpp serves a prefix only from the slot that evaluated it (its host-memory prompt
-cache saves a slot's prompt only when that slot moves to another one), so every other slot evaluated the
-whole prefix once more: with 2 slots a group of 8 reached 0.857 of the layout's limit at best. Saving the
+fan out; but both servers served a prefix only from the slot that evaluated it (ik's host-memory prompt
+cache saves a slot's prompt only when that slot moves to another one; upstream's did no better here), so
+every other slot evaluated the whole prefix once more: with 2 slots a group of 8 reached 0.857 of the
+layout's limit on each. Saving the
 slot and restoring the file into each idle slot costs milliseconds (measured on the embedded ik: 11 ms to
 save a 273-token slot, 2 ms to restore it; a follower then evaluated 8 of its 269 prompt tokens); a
 prefix of thousands of tokens costs a large model seconds in each slot.
 
-A server without slot files (started without `--slot-save-path`: upstream's default, or a user's own
-server) answers 404 / 501, and the batch goes on as before. Upstream llama-server needs no copy: its
-host-memory prompt cache serves another slot's prefix.
+A server without slot files (started without `--slot-save-path`: a user's own server, say) answers 404 (ik)
+or 501 (upstream), and the batch goes on as before.
 """
 
 from __future__ import annotations
