@@ -86,6 +86,7 @@ def daily_project(
     training: dict[str, Any] | None = None,
     seed_earlier_day: bool = True,
     dataset: dict[str, Any] | None = None,
+    pipeline_changes: dict[str, Any] | None = None,
 ) -> DailyProject:
     config_dir, data, home = root / "configs", root / "data", root / "dagster_home"
     for folder in (config_dir, data, home):
@@ -100,6 +101,7 @@ def daily_project(
     sandbox = {**pipeline["cpu_assets"]["sandbox"], **CPU_ASSETS["sandbox"]}
     pipeline["cpu_assets"] |= CPU_ASSETS | {"sandbox": sandbox}
     pipeline["dataset"] |= dataset or {}
+    pipeline |= pipeline_changes or {}
     (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
     lanes = yaml.safe_load((shipped / "lanes.yaml").read_text())
     lanes["cpu_lane"]["base_url"], lanes["gpu_lane"]["base_url"] = cpu_url, gpu_url

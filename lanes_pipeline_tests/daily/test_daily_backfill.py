@@ -87,8 +87,17 @@ def project(
     pg_server: postgres.PostgresServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> DailyProject:
-    # Two training steps a day: the order of the days is under test here, not what the adapter learns.
-    project = daily_project(tmp_path, settings, cpu_server.url, gpu_server.url, training={"max_steps": 2})
+    # Two training steps a day: the order of the days is under test here, not what the adapter learns. The
+    # schedules off: the daemon would start their runs when the test spans a tick (CI's run crossed 03:00
+    # UTC, the lane benchmark's, and found a fourth run besides the backfill's three).
+    project = daily_project(
+        tmp_path,
+        settings,
+        cpu_server.url,
+        gpu_server.url,
+        training={"max_steps": 2},
+        pipeline_changes={"schedule_enabled": False},
+    )
     # The instance on Postgres: the variant's yaml, its LANES_PG_* variables in this process and so in every
     # process the test starts (the daemon, `lanes backfill`, the run workers they launch).
     shutil.copy(project_root() / postgres.POSTGRES_YAML, project.dagster_home / "dagster.yaml")
