@@ -27,7 +27,7 @@ from dagster_postgres import PostgresRunStorage
 from lanes_pipeline.daily import postgres
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.settings import Settings, project_root
-from lanes_pipeline_tests.daily.fixtures import DailyProject, daily_project
+from lanes_pipeline_tests.daily.fixtures import TRAINING, DailyProject, daily_project
 
 pytestmark = [pytest.mark.cpu_lane, pytest.mark.gpu_lane]
 DAYS = ("2026-11-01", "2026-11-02", "2026-11-03")  # the sample repository's three commits
@@ -87,15 +87,18 @@ def project(
     pg_server: postgres.PostgresServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> DailyProject:
-    # Two training steps a day: the order of the days is under test here, not what the adapter learns. The
-    # schedules off: the daemon would start their runs when the test spans a tick (CI's run crossed 03:00
-    # UTC, the lane benchmark's, and found a fourth run besides the backfill's three).
+    # Two training steps a day and one task of each kind to judge them: the order of the days is under test
+    # here, not what the adapter learns (the evaluation took 81 s of a 4-minute day with the shared three
+    # repository tasks and two HumanEval problems). The schedules off: the daemon would start their runs when
+    # the test spans a tick (CI's run crossed 03:00 UTC, the lane benchmark's, and found a fourth run
+    # besides the backfill's three).
+    evaluation = TRAINING["evaluation"] | {"humaneval_problems": 1, "max_repo_tasks": 1}
     project = daily_project(
         tmp_path,
         settings,
         cpu_server.url,
         gpu_server.url,
-        training={"max_steps": 2},
+        training={"max_steps": 2, "evaluation": evaluation},
         pipeline_changes={"schedule_enabled": False},
     )
     # The instance on Postgres: the variant's yaml, its LANES_PG_* variables in this process and so in every
