@@ -214,7 +214,11 @@ def test_bandwidth_config_is_validated(tmp_path: Path) -> None:
 
 
 class InteractiveLoad:
-    """Editor-like traffic on the GPU lane: `users` clients, each asking again as soon as answered."""
+    """Editor-like traffic on the GPU lane: `users` clients, each asking again as soon as answered. Each
+    user's answers are 11 tokens longer than the one before's (lengths that share no small multiple): with
+    equal lengths vLLM batched them and ended them in the same step, so both users were between requests at
+    once and a reading could find vLLM idle (seen in a run of the suite: the batch's first reading did, just
+    after the test's own had seen it busy)."""
 
     def __init__(self, url: str, model: str, users: int = 2, max_tokens: int = 48) -> None:
         self.url, self.model, self.users, self.max_tokens = url, model, users, max_tokens
@@ -230,7 +234,7 @@ class InteractiveLoad:
                 request = ChatRequest(
                     model=self.model,
                     messages=[ChatMessage(role="user", content=prompt)],
-                    max_tokens=self.max_tokens,
+                    max_tokens=self.max_tokens + 11 * index,
                 )
                 client.chat(request)
                 self.answered += 1
@@ -384,10 +388,13 @@ def test_training_waits_while_a_cpu_lane_batch_holds_the_bandwidth(
         target=lambda: (cpu_lane.run_batch(counting(6, max_tokens=64)), finished.append(time.monotonic()))
     )
     batch.start()
+    # Both slots busy: the batch has fanned out. Its first request runs alone and its prefix is then copied
+    # into the other slot, a moment with nothing in flight in which a first reading finds the lane quiet
+    # (seen: a reading just after this loop had seen the first request).
     deadline = time.monotonic() + 60
     with CpuClient(cpu_server.url) as client:
-        while (cpu_active_requests(client) or 0) < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while (cpu_active_requests(client) or 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
     busy_seen: list[float] = []
     waited = gpu_lane.wait_for_quiet_cpu_lane(on_busy=busy_seen.append)
     started_training = time.monotonic()
