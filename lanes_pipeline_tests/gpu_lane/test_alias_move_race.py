@@ -16,7 +16,7 @@ import pytest
 from lanes_pipeline.config_models import RetryPolicy
 from lanes_pipeline.errors import AdapterError
 from lanes_pipeline.gpu_lane.client import VllmClient
-from lanes_pipeline_tests.gpu_lane.test_remote_adapters import FakeVllm
+from lanes_pipeline_tests.gpu_lane.fake_vllm import FakeVllm
 
 ALIAS = "lanes-current"
 

@@ -33,8 +33,8 @@ from lanes_pipeline.gpu_lane.adapters import (
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.settings import AdapterPathMap, project_root
+from lanes_pipeline_tests.gpu_lane.fake_vllm import BASE, FakeVllm
 
-BASE = "base-model"
 MAP = AdapterPathMap(local="/data/lanes/adapters", remote="/srv/vllm/adapters/")
 
 
@@ -83,48 +83,6 @@ def _adapter(folder: Path) -> Path:
     raw = json.dumps({key: {"dtype": "F32", "shape": [8, 4], "data_offsets": [0, 128]}}).encode()
     (folder / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 128)
     return folder
-
-
-class FakeVllm:
-    """vLLM's adapter routes as it answers them, reading adapter folders from its own file system (here a
-    local folder standing in for the server's side)."""
-
-    def __init__(self) -> None:
-        self.loaded: dict[str, str] = {}
-        self.load_requests: list[dict[str, str]] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        if path == "/v1/models":
-            cards = [{"id": BASE, "root": "/models/base", "parent": None}]
-            cards += [{"id": n, "root": p, "parent": BASE} for n, p in self.loaded.items()]
-            return httpx.Response(200, json={"object": "list", "data": cards})
-        body = json.loads(request.content or b"{}")
-        if path == "/v1/load_lora_adapter":
-            self.load_requests.append(body)
-            name, where = body["lora_name"], body["lora_path"]
-            if name in self.loaded:
-                return _error(400, f"The lora adapter '{name}' has already been loaded.")
-            if not Path(where).is_dir():
-                return _error(404, f"Loading lora {name} failed: No adapter found for {where}")
-            self.loaded[name] = where
-            return httpx.Response(200, text=f"Success: LoRA adapter '{name}' added successfully.")
-        if path == "/v1/unload_lora_adapter":
-            if self.loaded.pop(body["lora_name"], None) is None:
-                return _error(404, f"The lora adapter '{body['lora_name']}' cannot be found.")
-            return httpx.Response(200, text="Success: LoRA adapter removed successfully.")
-        if path == "/v1/chat/completions":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": "hello"},
-                "finish_reason": "stop",
-            }
-            return httpx.Response(200, json={"id": "x", "model": body["model"], "choices": [choice]})
-        return httpx.Response(404, json={"detail": "Not Found"})
-
-
-def _error(status: int, message: str) -> httpx.Response:
-    return httpx.Response(status, json={"error": {"message": message, "type": "Error", "code": status}})
 
 
 def _service(tmp_path: Path, mapping: AdapterPathMap | None) -> tuple[AdapterService, FakeVllm]:
