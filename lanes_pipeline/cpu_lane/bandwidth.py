@@ -127,8 +127,9 @@ class YieldReport(BaseModel):
     max_gpu_running: float
     unreadable_polls: int  # /metrics did not answer (counted as quiet)
     events: list[YieldEvent]
-    # The cap from the reading taken before the batch admitted anything: not None means the batch started
-    # at the minimum because the GPU lane was already busy.
+    # The reading taken before the batch admitted anything (None: vLLM did not answer it) and the cap it
+    # set: a cap that is not None means the batch started at the minimum, the GPU lane being busy already.
+    initial_gpu_running: float | None = None
     initial_cap: int | None = None
 
     def metadata(self) -> dict[str, float | int]:
@@ -171,6 +172,7 @@ class GpuYieldGovernor:
         self._yielded_s = 0.0
         self._holding_since: float | None = None
         self._events: list[YieldEvent] = []
+        self._initial_gpu_running: float | None = None
         self._initial_cap: int | None = None
 
     def cap(self) -> int | None:
@@ -217,6 +219,7 @@ class GpuYieldGovernor:
                 max_gpu_running=self._max_running,
                 unreadable_polls=self._unreadable,
                 events=list(self._events),
+                initial_gpu_running=self._initial_gpu_running,
                 initial_cap=self._initial_cap,
             )
 
@@ -239,7 +242,7 @@ class GpuYieldGovernor:
         # next poll read 2 running); this one reading is worth waiting for. A GPU lane that is down
         # refuses the connection at once, so only a live, slow server costs the wait.
         if self._read is not None:
-            self.poll_once(self._read())
+            first = self._read()
         else:
             with VllmClient(
                 self.gpu_url,
@@ -248,8 +251,9 @@ class GpuYieldGovernor:
                 connect_timeout_s=2.0,
                 retry=NO_RETRY,
             ) as client:
-                self.poll_once(gpu_running_requests(client))
-        self._initial_cap = self.cap()
+                first = gpu_running_requests(client)
+        self.poll_once(first)
+        self._initial_gpu_running, self._initial_cap = first, self.cap()
         self._thread = threading.Thread(target=self._run, name="gpu-yield-governor", daemon=True)
         self._thread.start()
         return self

@@ -90,7 +90,9 @@ def test_the_first_reading_is_taken_before_start_returns() -> None:
     quiet = GpuYieldGovernor("http://gpu.invalid", policy, read=lambda: 0)
     try:
         assert busy.start().cap() == 1 and busy.report().initial_cap == 1
+        assert busy.report().initial_gpu_running == 2
         assert quiet.start().cap() is None and quiet.report().initial_cap is None
+        assert quiet.report().initial_gpu_running == 0
     finally:
         busy.stop()
         quiet.stop()
@@ -134,6 +136,7 @@ def test_a_slow_first_reading_is_waited_for_and_an_absent_gpu_lane_is_not() -> N
         assert slow.start().report().initial_cap == 1
         started = time.monotonic()
         assert absent.start().report().initial_cap is None
+        assert absent.report().initial_gpu_running is None and absent.report().unreadable_polls >= 1
         assert time.monotonic() - started < 3
     finally:
         slow.stop()
@@ -251,6 +254,23 @@ class InteractiveLoad:
             thread.join(timeout=120)
 
 
+def long_answer(url: str, model: str, max_tokens: int) -> threading.Thread:
+    """An editor's long answer on the GPU lane, in a started thread: generated past end-of-text (vLLM's
+    `ignore_eos`) to `max_tokens`, so vLLM runs it for many seconds. The short users' requests alone do not
+    keep vLLM busy at every instant: seen in CI, the test read vLLM busy and the batch's first reading, a
+    moment later, read 0 running (every user between two answers) and the batch started at full slots."""
+
+    def ask() -> None:
+        with VllmClient(url, timeout_s=300) as client:
+            prompt = "Write a long Python module of utility functions, each with a docstring."
+            message = ChatMessage(role="user", content=prompt)
+            client.chat(ChatRequest(model=model, messages=[message], max_tokens=max_tokens, ignore_eos=True))
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    return thread
+
+
 def counting(count: int, max_tokens: int) -> list[BatchRequest]:
     """Requests whose answers run to max_tokens (counting never ends early), so the batch outlasts the
     governor's quiet_s on a fast machine too: the recovery must happen while items are still pending."""
@@ -319,12 +339,16 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
         bandwidth=BandwidthConfig(gpu_busy_above=0, cpu_min_in_flight=1, quiet_s=1.5, poll_s=0.1),
         gpu=settings.lanes.gpu_lane.model_copy(update={"base_url": gpu_server.url}),
     )
-    load = InteractiveLoad(gpu_server.url, settings.lanes.gpu_lane.served_model_name, max_tokens=16).start()
+    model = settings.lanes.gpu_lane.served_model_name
+    # vLLM busy when the batch starts, whatever the instant: a long answer, seen running before anything
+    # else is sent (it is then the one running), lasts far past the batch's first reading.
+    long = long_answer(gpu_server.url, model, max_tokens=512)
+    deadline = time.monotonic() + 120
+    while gpu_running(gpu_server.url) < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    load = InteractiveLoad(gpu_server.url, model, max_tokens=16).start()
     items = 64  # the first two run under load; the rest outlast the load's drain and quiet_s
     try:
-        deadline = time.monotonic() + 120
-        while gpu_running(gpu_server.url) < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
         stopped = threading.Event()
 
         def end_interactive_load(progress: BatchProgress) -> None:
@@ -337,11 +361,13 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
             ended = time.monotonic()
     finally:
         load.stop()
+        long.join(timeout=300)
     report = result.bandwidth
     assert report is not None and result.summary.ok == result.summary.items == items
     assert load.answered > 0 and report.max_gpu_running >= 1
     assert report.events[0].cap == 1 and report.events[-1].cap is None, report.events
-    assert report.initial_cap == 1  # vLLM was busy before the batch: it started at the minimum
+    # vLLM was busy before the batch: it started at the minimum
+    assert report.initial_gpu_running and report.initial_cap == 1, report
     # The first capped period began before anything was admitted. In a later one (vLLM busy again after a
     # pause), requests admitted while free finish normally: a sample counts as capped there once the
     # slowest CPU-lane request of the batch has had time to end.
