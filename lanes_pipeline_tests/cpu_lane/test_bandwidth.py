@@ -258,7 +258,8 @@ def long_answer(url: str, model: str, max_tokens: int) -> threading.Thread:
     """An editor's long answer on the GPU lane, in a started thread: generated past end-of-text (vLLM's
     `ignore_eos`) to `max_tokens`, so vLLM runs it for many seconds. The short users' requests alone do not
     keep vLLM busy at every instant: seen in CI, the test read vLLM busy and the batch's first reading, a
-    moment later, read 0 running (every user between two answers) and the batch started at full slots."""
+    moment later, found it not busy (most likely every user between two answers) and the batch started at
+    full slots."""
 
     def ask() -> None:
         with VllmClient(url, timeout_s=300) as client:

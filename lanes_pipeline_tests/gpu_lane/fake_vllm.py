@@ -13,8 +13,7 @@ BASE = "base-model"
 
 
 class FakeVllm:
-    """vLLM's adapter routes as it answers them, reading adapter folders from its own file system (here a
-    local folder standing in for the server's side)."""
+    """The transport's handler: `loaded` is what it serves, `load_requests` what it was asked to load."""
 
     def __init__(self) -> None:
         self.loaded: dict[str, str] = {}
