@@ -8,7 +8,12 @@ the base client (`http.OpenAIClient`) retries what can succeed on a second try a
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import httpx
 
 
 def log_tail(path: Path | None, lines: int = 30) -> str:
@@ -254,3 +259,41 @@ class ServingError(LaneError):
 class AliasMoveInProgressError(ServingError):
     """Another process is moving the alias (a promotion or rollback between vLLM's move and the registry's
     record): what vLLM serves and what the registry says may differ for that moment, so do not correct it."""
+
+
+# -- what a step may try again ------------------------------------------------------------------------------
+
+
+def is_transient_error(exc: BaseException) -> bool:
+    """Whether a step that raised `exc` may succeed on another try: a lane that was unreachable, timed out,
+    answered 408/429/5xx or was still loading, or another process holding what the step needs. Anything
+    else, from our code or from the data (SyntaxError, ValueError, KeyError, AssertionError, a 400), raises
+    again on the same inputs, so retrying it only delays the failure. An error that knows (a `transient`
+    attribute, as the trainer's has) decides for itself."""
+    transient = getattr(exc, "transient", None)
+    if isinstance(transient, bool):
+        return transient
+    if isinstance(exc, LaneStatusError):
+        return exc.retryable
+    if isinstance(exc, sqlite3.OperationalError):
+        return "locked" in str(exc)  # another connection holds the database for a moment
+    return isinstance(
+        exc,
+        LaneUnreachableError
+        | LaneNotReadyError
+        | AliasMoveInProgressError
+        | httpx.TransportError
+        | ConnectionError
+        | TimeoutError,
+    )
+
+
+@contextmanager
+def about(what: str) -> Iterator[None]:
+    """Names `what` (a symbol and its file, a row) on any exception raised inside, as a note that the step's
+    failure shows (host.py), so an error in the middle of a day's data says which item caused it."""
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(f"while handling {what}")
+        raise

@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import psutil
-from dagster import DagsterExecutionInterruptedError, Failure, MaterializeResult
+from dagster import DagsterExecutionInterruptedError, Failure, MaterializeResult, RetryRequested
+
+from lanes_pipeline.errors import is_transient_error
 
 SAMPLE_S = 1.0
 INTERRUPTS = (KeyboardInterrupt, DagsterExecutionInterruptedError)
@@ -116,10 +118,26 @@ def stopped_step(interrupt: BaseException) -> Failure:
                    allow_retries=False)  # fmt: skip
 
 
+def failed_for_good(exc: Exception) -> Failure:
+    """What a step that raised a deterministic error (errors.is_transient_error) raises instead: a Failure
+    that skips the step's retry policy, naming the error and, from its notes (errors.about), the item that
+    caused it. The same inputs raise it again, so retrying with backoff only delays the day's failure."""
+    notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", []))
+    return Failure(f"{type(exc).__name__}: {exc}{notes}\n(not retried: the same inputs raise it again)",
+                   allow_retries=False)  # fmt: skip
+
+
+def _reraise(exc: Exception) -> None:
+    if isinstance(exc, Failure | RetryRequested) or is_transient_error(exc):
+        raise exc
+    raise failed_for_good(exc) from exc
+
+
 def with_host_figures(fn: F) -> F:
     """Add `host/...` figures of the step to the asset's MaterializeResult(s); signature kept for Dagster.
-    A step that starts after a stop signal does not run (`refuse_after_stop`), and one interrupted while it
-    runs is stopped, not retried (`stopped_step`)."""
+    A step that starts after a stop signal does not run (`refuse_after_stop`), one interrupted while it
+    runs is stopped, not retried (`stopped_step`), and one that raised a deterministic error fails at once
+    (`failed_for_good`): only a transient lane error is left to the step's retry policy."""
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
@@ -131,6 +149,8 @@ def with_host_figures(fn: F) -> F:
                     yield _with(item, sampler.figures()) if isinstance(item, MaterializeResult) else item
             except INTERRUPTS as interrupt:
                 raise stopped_step(interrupt) from interrupt
+            except Exception as exc:
+                _reraise(exc)
             finally:
                 sampler.stop()
 
@@ -144,6 +164,9 @@ def with_host_figures(fn: F) -> F:
             result = fn(*args, **kwargs)
         except INTERRUPTS as interrupt:
             raise stopped_step(interrupt) from interrupt
+        except Exception as exc:
+            _reraise(exc)
+            raise  # unreachable: _reraise always raises
         finally:
             figures = sampler.stop()
         return _with(result, figures)

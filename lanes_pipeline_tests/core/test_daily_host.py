@@ -2,6 +2,7 @@
 from the signature (context, resources) and adds psutil's figures over the step to the MaterializeResult."""
 
 # No `from __future__ import annotations` here: Dagster reads the annotations of the assets below.
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,11 +15,20 @@ from dagster import (
     DailyPartitionsDefinition,
     Failure,
     MaterializeResult,
+    RetryPolicy,
     asset,
     materialize,
 )
 
 from lanes_pipeline.daily.resources import ArtifactStoreResource
+from lanes_pipeline.errors import (
+    LaneConnectionError,
+    LaneNotReadyError,
+    LaneTimeoutError,
+    about,
+    is_transient_error,
+    status_error,
+)
 from lanes_pipeline.host import STOP_REQUESTED, with_host_figures
 
 DAYS = DailyPartitionsDefinition(start_date="2026-11-01")
@@ -78,3 +88,64 @@ def test_a_step_that_starts_after_a_stop_signal_refuses_to_run_for_good() -> Non
         assert raised.value.allow_retries is False and calls == [1]
     finally:
         STOP_REQUESTED.clear()
+
+
+ATTEMPTS: list[str] = []
+QUICK_RETRY = RetryPolicy(max_retries=2, delay=0)
+
+
+@asset(retry_policy=QUICK_RETRY)
+@with_host_figures
+def step_with_a_bad_symbol() -> MaterializeResult:
+    ATTEMPTS.append("deterministic")
+    with about("symbol pkg/mod.py::Cache.__init__ (lines 10-14)"):
+        raise IndentationError("unexpected indent (<unknown>, line 1)")
+
+
+@asset(retry_policy=QUICK_RETRY)
+@with_host_figures
+def step_with_a_lane_down() -> MaterializeResult:
+    ATTEMPTS.append("transient")
+    raise LaneConnectionError("CPU", "http://127.0.0.1:9", "POST", "/completion", "connection refused")
+
+
+def test_a_deterministic_error_fails_the_step_at_once_naming_the_item_and_a_lane_error_is_retried() -> None:
+    ATTEMPTS.clear()
+    result = materialize([step_with_a_bad_symbol], instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success and ATTEMPTS == ["deterministic"]  # one try, no retry with backoff
+    failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.user_failure_data
+    assert "IndentationError: unexpected indent" in failure.description
+    assert "while handling symbol pkg/mod.py::Cache.__init__ (lines 10-14)" in failure.description
+    ATTEMPTS.clear()
+    result = materialize([step_with_a_lane_down], instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success and ATTEMPTS == ["transient"] * 3  # the policy's two retries
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (LaneConnectionError("CPU", "u", "POST", "/completion", "refused"), True),
+        (LaneTimeoutError("CPU", "u", "POST", "/completion", "read timeout"), True),
+        (status_error(503, "CPU", "u", "POST", "/completion", "Loading model"), True),
+        (status_error(429, "GPU", "u", "POST", "/v1/completions", "busy"), True),
+        (status_error(400, "CPU", "u", "POST", "/completion", "bad grammar"), False),
+        (LaneNotReadyError("GPU", "u", 600, "503 loading"), True),
+        (sqlite3.OperationalError("database is locked"), True),
+        (sqlite3.OperationalError("no such table: answers"), False),
+        (SyntaxError("invalid syntax"), False),
+        (ValueError("not a held-out task list"), False),
+        (KeyError("shapes.py"), False),
+        (AssertionError("no candidate"), False),
+    ],
+)
+def test_only_transient_lane_errors_are_left_to_the_retry_policy(error: Exception, transient: bool) -> None:
+    assert is_transient_error(error) is transient
+
+    @with_host_figures
+    def step() -> None:
+        raise error
+
+    with pytest.raises(Failure if not transient else type(error)) as raised:
+        step()
+    if not transient:
+        assert raised.value.allow_retries is False and type(error).__name__ in raised.value.description
