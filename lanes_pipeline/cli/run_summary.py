@@ -64,6 +64,8 @@ class DaySummary(BaseModel):
     served: ServedState | None
     deltas: LaneDeltas
     learning: str | None = None  # the day's point of the learning curve (adapter_evaluation's `learning`)
+    # `repo: symbol id` -> why the pipeline could not handle it (the assets' `skipped`): left out of the day
+    skipped: dict[str, str] = {}
 
     @property
     def asked_nothing(self) -> bool:
@@ -113,6 +115,9 @@ def summarize_day(
         served=served,
         deltas=deltas,
         learning=evaluation.get("learning"),
+        skipped={
+            k: v for r in rows if r.status == "materialized" for k, v in r.metadata.get("skipped", {}).items()
+        },
     )
 
 
@@ -202,6 +207,7 @@ def _result(row: AssetOutcome) -> str:
     return describe(m) if describe else ""
 
 
+SHOWN_SKIPPED = 5
 HEADER = ("asset", "status", "LLM calls", "cache hits", "tok/s", "prefix reuse (limit)", "result")
 
 
@@ -267,6 +273,13 @@ def render(summary: DaySummary) -> str:
         f"dataset {_cell(summary.dataset_rows)} rows, adapter {_cell(summary.adapter_version)}, "
         f"promoted {_cell(summary.promoted)}, served {served}"
     )
+    if summary.skipped:
+        lines.append(f"  {len(summary.skipped)} symbol(s) skipped, the day went on without them:")
+        lines += [f"    {symbol}: {why}" for symbol, why in list(summary.skipped.items())[:SHOWN_SKIPPED]]
+        if len(summary.skipped) > SHOWN_SKIPPED:
+            lines.append(
+                f"    ... and {len(summary.skipped) - SHOWN_SKIPPED} more (repo_analysis's `skipped`)"
+            )
     if summary.learning:
         lines.append(f"  {summary.learning}  (the curve over the days: lanes report)")
     return "\n".join(lines)

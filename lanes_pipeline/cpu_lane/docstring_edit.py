@@ -6,12 +6,11 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
-import textwrap
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.cpu_lane.symbols import Symbol, statement_start, unindent
 
 
 class Frozen(BaseModel):
@@ -67,7 +66,8 @@ def set_docstring(source: str, name: str, literal: str | None) -> str:
     node = find_node(tree, name)
     lines = source.splitlines(keepends=True)
     first = node.body[0]
-    before_body = lines[first.lineno - 1].encode("utf-8")[: first.col_offset].decode("utf-8", "ignore")
+    first_line = statement_start(first)  # a decorated nested definition starts at its first decorator
+    before_body = lines[first_line - 1].encode("utf-8")[: first.col_offset].decode("utf-8", "ignore")
     if before_body.strip():  # `def f(x): return x`: no line of its own to put a docstring above
         raise DocstringError(f"{name}: its body starts on the `def`/`class` line")
     if _has_docstring(node):
@@ -76,11 +76,12 @@ def set_docstring(source: str, name: str, literal: str | None) -> str:
             raise DocstringError(f"{name}: another statement shares the docstring's line")
         start, end = first.lineno - 1, end_line
     else:
-        start = end = first.lineno - 1
-    text = lines[first.lineno - 1]
+        start = end = first_line - 1
+    text = lines[first_line - 1]
     indent = text[: len(text) - len(text.lstrip())]
     if literal is None:
-        new: list[str] = []
+        # A body that was only its docstring keeps a statement, so the code still parses.
+        new: list[str] = [f"{indent}pass\n"] if _has_docstring(node) and len(node.body) == 1 else []
     else:
         new = [f"{indent}{line}\n" if line else "\n" for line in literal.split("\n")]
     if end == len(lines) and lines and not lines[-1].endswith("\n") and new:
@@ -111,7 +112,7 @@ def document(symbol: Symbol, file_source: str, literal: str) -> Documented:
     start = find_node(ast.parse(file_source), symbol.name)
     first = min([start.lineno, *(d.lineno for d in start.decorator_list)])
     last = (start.end_lineno or start.lineno) + delta
-    own = textwrap.dedent("".join(lines[first - 1 : last]))
+    own = unindent("".join(lines[first - 1 : last]))[1]
     return Documented(docstring=expected, literal=literal, file_source=new_source,
                       symbol_source=own.rstrip("\n") + "\n",
                       diff=unified_diff(symbol.path, file_source, new_source))  # fmt: skip

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Literal
 
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate
-from lanes_pipeline.cpu_lane.docstring_edit import Definition, DocstringError, find_node, set_docstring
+from lanes_pipeline.cpu_lane.docstring_edit import Definition, DocstringError, set_docstring
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind, register
 from lanes_pipeline.cpu_lane.safety import unsafe_calls
-from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.cpu_lane.symbols import Symbol, definition, parse_symbol
 from lanes_pipeline.cpu_lane.verified_sampling import DEFAULT_TEMPERATURE, samples_of
 from lanes_pipeline.http import ChatMessage
 
@@ -103,12 +103,6 @@ FURTHEST: tuple[DocStatus, ...] = ("fails_doctest", "unsafe", "no_example", "mis
 # ---------------------------------------------------------------------------------------------------------
 
 
-def symbol_node(symbol: Symbol) -> Definition:
-    """The symbol's own definition, parsed from its source (a method's source is indented: dedented)."""
-    tree = ast.parse(textwrap.dedent(symbol.source), filename=symbol.path)
-    return find_node(tree, symbol.name.rsplit(".", 1)[-1])
-
-
 def _is_dataclass(node: ast.ClassDef) -> bool:
     for decorator in node.decorator_list:
         target = decorator.func if isinstance(decorator, ast.Call) else decorator
@@ -121,7 +115,7 @@ def _is_dataclass(node: ast.ClassDef) -> bool:
 def parameters(symbol: Symbol) -> list[str]:
     """What a docstring must name: a function's parameters; a class's `__init__` parameters (a dataclass's
     fields when it has no `__init__`); `self` and `cls` excluded."""
-    node = symbol_node(symbol)
+    node = definition(symbol)
     if isinstance(node, ast.ClassDef):
         init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
         if init is None:
@@ -162,9 +156,9 @@ def _body_indent(symbol: Symbol) -> str:
 def _header_lines(symbol: Symbol) -> list[str]:
     """The symbol's `def`/`class` lines as written (decorators left out), up to its body; rebuilt from the
     parse when the body starts on the same line."""
-    source = textwrap.dedent(symbol.source)
-    node = find_node(ast.parse(source, filename=symbol.path), symbol.name.rsplit(".", 1)[-1])
-    lines = source.splitlines()[node.lineno - 1 : node.body[0].lineno - 1]
+    parsed = parse_symbol(symbol)
+    node = parsed.node
+    lines = parsed.source.splitlines()[node.lineno - 1 : node.body[0].lineno - 1]
     while lines and (not lines[-1].strip() or lines[-1].strip().startswith("#")):
         lines.pop()
     return lines or [_header(node)]
@@ -183,7 +177,7 @@ def prefill(symbol: Symbol) -> str:
 
 def undocumented_source(symbol: Symbol) -> str:
     """The symbol's source without its own docstring (as is when it has none or it cannot be cut)."""
-    source = textwrap.dedent(symbol.source)
+    source = parse_symbol(symbol).source
     try:
         return set_docstring(source, symbol.name.rsplit(".", 1)[-1], None)
     except (DocstringError, SyntaxError):

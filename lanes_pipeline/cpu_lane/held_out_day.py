@@ -22,6 +22,7 @@ from lanes_pipeline.cpu_lane.holdout import (
     fresh_functions,
     function_stub,
     held_out_symbols,
+    is_held_out,
     leaked,
 )
 from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
@@ -104,6 +105,10 @@ class RepoHoldOut(BaseModel):
         description="functions new or changed at the commit (all on a first day) that no failing repository "
         "test calls: each becomes a 'write the body' row (held-out ones go to eval)",
     )
+    skipped: dict[str, str] = Field({}, description="symbol id -> why it was skipped (symbols_at)")
+    unmaskable: list[str] = Field(
+        [], description="files holding a skipped symbol that is held out: none of them trains (holdout.route)"
+    )
     problem: str | None = Field(
         None, description="why the tests gave no verdict (a hang killed at the time limit, a crash): no task "
         "and nothing taught from this repository today, the other repositories go on",
@@ -168,6 +173,9 @@ def held_out_of_repo(
     since = None if teach_all else snapshot.previous_commit
     before = symbols_at(location, since, paths).symbols if since else []
     held = held_out_symbols(snapshot.repo, today.symbols, percent)
+    skipped = {"skipped": today.skipped,
+               "unmaskable": sorted({i.split("::", 1)[0] for i in today.skipped
+                                     if is_held_out(snapshot.repo, i, percent)})}  # fmt: skip
     functions = _candidates(snapshot.repo, location, snapshot.commit, held, today.test_sources, accepted)
     fresh = {s.id: calling_tests(today.test_sources, s.name) for s in fresh_functions(before, today.symbols)}
     outcomes = _outcomes(
@@ -180,8 +188,8 @@ def held_out_of_repo(
             f"the repository's tests at {snapshot.commit[:12]} gave no report in the sandbox (killed at "
             f"{limits.timeout_s} s, or crashed)"
         )
-        return RepoHoldOut(held=held, problem=problem)
+        return RepoHoldOut(held=held, problem=problem, **skipped)
     taught = [
         s for s in today.symbols if s.id in fresh and all(outcomes.get(t) == "passed" for t in fresh[s.id])
     ]
-    return RepoHoldOut(held=held, functions=_keep_passing(functions, outcomes), taught=taught)
+    return RepoHoldOut(held=held, functions=_keep_passing(functions, outcomes), taught=taught, **skipped)

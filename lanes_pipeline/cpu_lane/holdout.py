@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate
-from lanes_pipeline.cpu_lane.symbols import Symbol, diff_scans, names_in, stub, test_functions
+from lanes_pipeline.cpu_lane.symbols import (
+    Symbol,
+    definition,
+    diff_scans,
+    names_in,
+    parse_symbol,
+    statement_start,
+    stub,
+    test_functions,
+)
 
 MIN_BODY_CHARS = 12  # a body shorter than this ("return x") is too common to call a leak when seen elsewhere
 
@@ -38,7 +47,7 @@ class HeldOutFunction(BaseModel):
 
 def function_stub(symbol: Symbol) -> str:
     """A function's signature and docstring (the body left out)."""
-    node = ast.parse(symbol.source).body[0]
+    node = definition(symbol)
     if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         raise ValueError(f"{symbol.id}: a {symbol.kind}, not a function: it has no body to ask for")
     return stub(node, symbol.module).split("\n", 1)[1]  # without the `# module` line
@@ -81,18 +90,33 @@ def fresh_functions(before: Sequence[Symbol], today: Sequence[Symbol]) -> list[S
     return [s for s in today if s.kind == "function" and s.id in fresh]
 
 
-def held_out_key(repo: str, symbol: Symbol) -> str:
-    """A method is held out with its class: the key is the top-level name."""
-    return f"{repo}:{symbol.path}::{symbol.import_name}"
+def held_out_key(repo: str, symbol_id: str) -> str:
+    """A method is held out with its class: the key is the top-level name (`path::C` for `path::C.m`)."""
+    path, name = symbol_id.split("::", 1)
+    return f"{repo}:{path}::{name.split('.', 1)[0]}"
 
 
-def is_held_out(repo: str, symbol: Symbol, percent: int) -> bool:
-    digest = hashlib.sha256(held_out_key(repo, symbol).encode()).hexdigest()
+def is_held_out(repo: str, symbol_id: str, percent: int) -> bool:
+    digest = hashlib.sha256(held_out_key(repo, symbol_id).encode()).hexdigest()
     return int(digest[:8], 16) % 100 < percent
 
 
 def held_out_symbols(repo: str, symbols: Iterable[Symbol], percent: int) -> list[Symbol]:
-    return [s for s in symbols if is_held_out(repo, s, percent)]
+    return [s for s in symbols if is_held_out(repo, s.id, percent)]
+
+
+def symbol_problem(symbol: Symbol) -> str | None:
+    """Why the pipeline cannot handle `symbol` (None: it can). Every stage reads a symbol's own lines through
+    the same pure functions (its definition, its body as the leak check and the mask see it, the stub a body
+    request shows); running them once when the repository is read lets a symbol that one of them fails on be
+    skipped, with this reason, before any work is spent on it, instead of failing the day in a later step."""
+    try:
+        body_text(symbol)
+        if symbol.kind == "function":
+            function_stub(symbol)
+    except Exception as exc:  # whatever it is, it is this symbol's: named, and the day goes on
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _normalized_lines(text: str) -> list[str]:
@@ -108,19 +132,22 @@ def _normalized_lines(text: str) -> list[str]:
     return lines
 
 
+def _body(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> list[ast.stmt]:
+    """The statements after the docstring."""
+    return node.body[1:] if ast.get_docstring(node) is not None else node.body
+
+
 def body_text(symbol: Symbol) -> str:
-    """The lines after the signature and docstring (what writing the body means), normalized."""
-    tree = ast.parse(symbol.source)
-    node = tree.body[0]
-    assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-    body = node.body
-    if ast.get_docstring(node) is not None:
-        body = body[1:]
+    """The code after the signature and docstring (what writing the body means), normalized."""
+    parsed = parse_symbol(symbol)
+    body = _body(parsed.node)
     if not body:
         return ""
-    lines = symbol.source.splitlines()
-    first = body[0].lineno - 1
-    return "\n".join(_normalized_lines("\n".join(lines[first:])))
+    start = statement_start(body[0])
+    lines = parsed.source.splitlines()[start - 1 :]
+    # A body that shares a line with the signature or the docstring starts at its column.
+    lines[0] = lines[0].encode("utf-8")[body[0].col_offset :].decode("utf-8", "ignore")
+    return "\n".join(_normalized_lines("\n".join(lines)))
 
 
 def leaked(text: str, bodies: Sequence[str]) -> bool:
@@ -134,14 +161,18 @@ def mask(source: str, held_out: Sequence[Symbol]) -> str:
     training row may show the file without teaching the held-out code."""
     lines = source.splitlines(keepends=True)
     for symbol in sorted(held_out, key=lambda s: s.start_line, reverse=True):
-        node = ast.parse(symbol.source).body[0]
-        assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-        body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+        parsed = parse_symbol(symbol)
+        body = _body(parsed.node)
         if not body:
             continue
-        indent = " " * body[0].col_offset
-        first = symbol.start_line + body[0].lineno - 2  # 0-based line of the first body statement
-        lines[first : symbol.end_line] = [f"{indent}...  # held out\n"]
+        start = statement_start(body[0])  # a decorated nested definition: its first decorator
+        first = symbol.start_line + start - 2  # 0-based line in the file
+        line = lines[first]
+        head = line[: parsed.file_column(start, body[0].col_offset)]
+        if head.strip():  # `def f(x): return x`, or `"""doc"""; x = 1`: the body starts mid-line
+            lines[first : symbol.end_line] = [f"{head}...  # held out\n"]
+        else:  # the body's own indentation as written (spaces or tabs)
+            lines[first : symbol.end_line] = [f"{line[: len(line) - len(line.lstrip())]}...  # held out\n"]
     return "".join(lines)
 
 
@@ -155,10 +186,15 @@ def calling_tests(test_sources: Mapping[str, str], name: str) -> list[str]:
     ]
 
 
-def route(candidate: Candidate, held_out: Sequence[Symbol]) -> Candidate:
+def route(
+    candidate: Candidate, held_out: Sequence[Symbol], unmaskable: Collection[str] = frozenset()
+) -> Candidate:
     """A candidate with its split decided: about a held-out symbol of its repository (its own symbol, or
     an answer that holds a held-out body, such as a diff) -> eval, unchanged; otherwise training, with the
-    held-out bodies of its file masked out of the code it shows."""
+    held-out bodies of its file masked out of the code it shows. A file in `unmaskable` holds a held-out
+    symbol that was skipped (`symbol_problem`): its body cannot be masked, so nothing of that file trains."""
+    if candidate.path in unmaskable:
+        return candidate.model_copy(update={"held_out": True})
     by_name = {s.name for s in held_out if s.path == candidate.path}
     if candidate.symbol is not None and candidate.symbol.split(".", 1)[0] in {
         n.split(".", 1)[0] for n in by_name

@@ -1,10 +1,11 @@
 """A repository's symbols at a commit, and the day's symbols to work on.
 
 `symbols_at` reads the chosen Python files at a commit (git objects, no checkout) and scans them symbol by
-symbol (symbols.py): files that do not parse are left out with their reason; the repository's own test files
-are read beside them, for references (the backlog's order) and for the example a prompt shows. `day_work`
-compares today's symbols with the previous day's and picks the changed ones first, then the backlog
-(backlog.py).
+symbol (symbols.py): files that do not parse are left out with their reason, and so is a symbol the
+pipeline cannot handle (`skipped`, holdout.symbol_problem), so the day goes on without it; the repository's
+own test files are read beside them, for references (the backlog's order) and for the example a prompt
+shows. `day_work` compares today's symbols with the previous day's and picks the changed ones first, then
+the backlog (backlog.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.backlog import DayWork, choose_work
+from lanes_pipeline.cpu_lane.holdout import symbol_problem
 from lanes_pipeline.cpu_lane.repos import is_test_path, ls_tree, read_blobs
 from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, diff_scans, reference_counts, scan_repo
 
@@ -27,6 +29,9 @@ class SymbolsAt(BaseModel):
     left_out: dict[str, str] = Field({}, description="path -> why the file was not scanned")
     test_sources: dict[str, str] = Field({}, description="the repository's own test files, path -> source")
     references: dict[str, int] = Field({}, description="symbol id -> references anywhere, tests included")
+    skipped: dict[str, str] = Field(
+        {}, description="symbol id -> why the pipeline cannot handle it (symbol_problem): not in `symbols`"
+    )
 
     def by_id(self) -> dict[str, Symbol]:
         return {s.id: s for s in self.symbols}
@@ -52,10 +57,12 @@ def symbols_at(repo: Path, commit: str, paths: Collection[str] | None = None) ->
             continue  # a test file we cannot read is no example and no reference: nothing lost
     scans = scan_repo(sources)
     left_out |= {scan.path: scan.error for scan in scans if scan.error is not None}
-    symbols = all_symbols(scans)
+    scanned = all_symbols(scans)
+    skipped = {s.id: problem for s in scanned if (problem := symbol_problem(s)) is not None}
+    symbols = [s for s in scanned if s.id not in skipped]
     references = reference_counts({**sources, **test_sources}, symbols)
     return SymbolsAt(commit=commit, symbols=symbols, left_out=left_out, test_sources=test_sources,
-                       references=references)  # fmt: skip
+                     references=references, skipped=skipped)  # fmt: skip
 
 
 def day_work(

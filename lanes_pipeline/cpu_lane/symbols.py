@@ -17,6 +17,7 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -71,6 +72,65 @@ class Symbol(Frozen):
         return "\n\n".join(parts)
 
 
+class SymbolSourceError(ValueError):
+    """A symbol's own source does not parse as its definition (names the symbol and its lines)."""
+
+
+@dataclass(frozen=True)
+class ParsedSymbol:
+    """A symbol's definition as parsed from its own lines (see `parse_symbol`). `node`'s line numbers count
+    from the symbol's first line (1), its columns from `indent`: the symbol's indentation in its file (a
+    method's), removed from every line of `source`."""
+
+    node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+    indent: str
+    source: str
+
+    def file_column(self, lineno: int, byte_col: int) -> int:
+        """The character column in the file of `byte_col` (ast's UTF-8 offset) on the node's line `lineno`."""
+        line = self.source.splitlines()[lineno - 1]
+        return len(self.indent) + len(line.encode("utf-8")[:byte_col].decode("utf-8", "ignore"))
+
+
+def unindent(code: str) -> tuple[str, str]:
+    """(the first line's indentation, `code` with it removed from each line that starts with it)."""
+    lines = code.splitlines(keepends=True)
+    first = next((line for line in lines if line.strip()), "")
+    indent = first[: len(first) - len(first.lstrip())]
+    return indent, "".join(line[len(indent) :] if line.startswith(indent) else line for line in lines)
+
+
+def parse_symbol(symbol: Symbol) -> ParsedSymbol:
+    """The symbol's definition, parsed from its own lines: the one way every pure function reads a symbol.
+
+    A method (or any definition not at column 0) is indented in its file. `textwrap.dedent` cannot be
+    trusted with that: a line of a string literal written at column 0 leaves nothing in common to remove.
+    `unindent` removes the definition's own indentation (its first line's) from each line that starts with
+    it; a line that does not is blank or inside a string or a bracket, where indentation means nothing.
+    """
+    indent, source = unindent(symbol.source)
+    try:
+        tree = ast.parse(source, filename=symbol.path)
+    except (SyntaxError, ValueError) as exc:
+        where = f" line {exc.lineno}" if isinstance(exc, SyntaxError) else ""
+        raise SymbolSourceError(
+            f"{symbol.id} (lines {symbol.start_line}-{symbol.end_line}): its source does not parse{where}: "
+            f"{getattr(exc, 'msg', exc)}"
+        ) from exc
+    node = tree.body[0] if len(tree.body) == 1 else None
+    if not isinstance(node, _Def) or node.name != symbol.name.rsplit(".", 1)[-1]:
+        raise SymbolSourceError(
+            f"{symbol.id} (lines {symbol.start_line}-{symbol.end_line}): its source is not one definition "
+            f"of {symbol.name.rsplit('.', 1)[-1]!r}"
+        )
+    return ParsedSymbol(node=node, indent=indent, source=source)
+
+
+def definition(symbol: Symbol) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef:
+    """The symbol's definition node (see `parse_symbol`)."""
+    return parse_symbol(symbol).node
+
+
 class SymbolScan(Frozen):
     """The symbols of one file, or why it was left out."""
 
@@ -107,8 +167,9 @@ def _lines(source: str) -> list[str]:
     return source.splitlines(keepends=True)
 
 
-def _start(node: _Def) -> int:
-    return min([node.lineno, *(d.lineno for d in node.decorator_list)])
+def statement_start(node: ast.stmt) -> int:
+    """A statement's first line: a decorated definition starts at its first decorator."""
+    return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
 
 
 def _segment(lines: Sequence[str], first: int, last: int) -> str:
@@ -158,7 +219,7 @@ def stub(node: _Def, module: str) -> str:
 def _class_header(node: ast.ClassDef, lines: Sequence[str]) -> str:
     """A class's decorators, `class` line, docstring and class-level statements (not its methods)."""
     header_end = max(node.body[0].lineno - 1, node.lineno)
-    text = _segment(lines, _start(node), header_end)
+    text = _segment(lines, statement_start(node), header_end)
     members = [
         _segment(lines, item.lineno, item.end_lineno or item.lineno)
         for item in node.body
@@ -327,7 +388,7 @@ def extract_symbols(
     symbols: list[Symbol] = []
 
     def add(kind: SymbolKind, name: str, node: _Def, header: str, enclosing: ast.ClassDef | None) -> None:
-        first, last = _start(node), node.end_lineno or node.lineno
+        first, last = statement_start(node), node.end_lineno or node.lineno
         text = _segment(lines, first, last)
         callees = resolver.stubs(node, enclosing)
         key = memo_key(kind, module, name, text, [*imports, header, *callees])
@@ -340,7 +401,7 @@ def extract_symbols(
             add("function", node.name, node, "", None)
         elif isinstance(node, ast.ClassDef):
             methods = [m for m in node.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)]
-            size = (node.end_lineno or node.lineno) - _start(node) + 1
+            size = (node.end_lineno or node.lineno) - statement_start(node) + 1
             if size <= max_class_lines or not methods:
                 add("class", node.name, node, "", None)
                 continue

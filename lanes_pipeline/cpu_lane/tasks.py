@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import re
-import textwrap
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -18,7 +17,7 @@ from unidiff import PatchSet, UnidiffParseError
 
 from lanes_pipeline.cpu_lane.prompts import TaskKind, register
 from lanes_pipeline.cpu_lane.safety import injection_markers, safe_repo_path, unsafe_calls
-from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.cpu_lane.symbols import Symbol, SymbolSourceError, definition
 from lanes_pipeline.settings import CpuAssetsConfig
 
 # Bump when a task's prompt or checks change in a way that should invalidate remembered results.
@@ -125,8 +124,8 @@ def symbol_defines(symbol: Symbol) -> set[str]:
     for a method, its class) and the functions, classes and methods defined inside it."""
     names = set(symbol.name.split("."))
     try:
-        tree = ast.parse(textwrap.dedent(symbol.source))
-    except SyntaxError:
+        tree = definition(symbol)
+    except SymbolSourceError:
         return names
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):

@@ -7,6 +7,8 @@ import ast
 from datetime import UTC, date, datetime
 from pathlib import Path
 
+import pytest
+
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, render
 from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo, training_leaks
 from lanes_pipeline.cpu_lane.holdout import (
@@ -23,6 +25,7 @@ from lanes_pipeline.cpu_lane.holdout import (
 )
 from lanes_pipeline.cpu_lane.repos import CommitSpec, FileEntry, Snapshot, build_history
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation
+from lanes_pipeline.cpu_lane.symbol_work import symbols_at
 from lanes_pipeline.cpu_lane.symbols import all_symbols, scan_repo
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline_tests.cpu_lane.fixtures import SHAPES_MODULE, SHAPES_TESTS, shapes_repo
@@ -35,7 +38,7 @@ def symbols():
 def test_the_held_out_share_is_stable_and_follows_the_percent() -> None:
     found = symbols()
     assert held_out_symbols("r", found, 100) == found and held_out_symbols("r", found, 0) == []
-    assert [is_held_out("r", s, 50) for s in found] == [is_held_out("r", s, 50) for s in found]
+    assert [is_held_out("r", s.id, 50) for s in found] == [is_held_out("r", s.id, 50) for s in found]
     many = all_symbols(scan_repo({"m.py": "".join(f"def f{i}():\n    return {i}\n\n\n" for i in range(400))}))
     share = len(held_out_symbols("r", many, 30)) / len(many)
     assert 0.22 < share < 0.38, share
@@ -176,3 +179,91 @@ def test_an_unchanged_day_teaches_nothing_unless_nothing_was_taught_yet(tmp_path
     assert held_out_of_repo(snapshot, repo, 0, {}, limits, detect_isolation()).taught == []
     first = held_out_of_repo(snapshot, repo, 0, {}, limits, detect_isolation(), teach_all=True)
     assert [s.name for s in first.taught] == ["area", "shout"]  # double's calling test fails: not taught
+
+
+# A class over max_class_lines is taken method by method: each method's source is indented in its file, and
+# one holds a string literal whose lines start at column 0 (textwrap.dedent finds nothing to remove there).
+_FILLER = "".join(f"    def helper_{i}(self):\n        return {i}\n\n" for i in range(60))
+BIG_CLASS = f'''import functools
+
+
+class Big:
+    """A class too large to take whole."""
+
+    def __init__(self, iterable):
+        self.items = list(iterable)
+        self.banner = """
+first line
+second line"""
+
+    @functools.total_ordering
+    class _Item:
+        def __lt__(self, other):
+            return id(self) < id(other)
+
+    def one_liner(self): return len(self.items) + 1
+
+    async def fetch(self, key):
+        """Fetch one."""
+\treturn self.items[key]
+
+{_FILLER}'''.replace("\n\treturn", "\n        return")
+
+
+def test_methods_of_a_large_class_are_parsed_masked_and_asked_for_like_functions() -> None:
+    found = {s.name: s for s in all_symbols(scan_repo({"big.py": BIG_CLASS}, max_class_lines=40))}
+    init, fetch, one_liner = found["Big.__init__"], found["Big.fetch"], found["Big.one_liner"]
+    assert init.kind == "method" and init.source.startswith("    def __init__")
+    assert body_text(init) == 'self.items = list(iterable)\nself.banner = """\nfirst line\nsecond line"""'
+    assert body_text(one_liner) == "return len(self.items) + 1"  # the body shares the `def` line
+    assert body_text(fetch) == "return self.items[key]"  # async, its docstring left out
+    masked = mask(BIG_CLASS, [init, fetch, one_liner])
+    ast.parse(masked)
+    assert "def one_liner(self): ...  # held out" in masked and '"""Fetch one."""' in masked
+    assert "first line" not in masked and "self.items[key]" not in masked
+    assert not leaked(masked, [body_text(init), body_text(fetch)])
+
+
+def test_a_class_whose_body_starts_with_a_decorated_nested_class_is_masked_from_the_decorator() -> None:
+    source = BIG_CLASS.replace("class Big:", "class Small:").replace(_FILLER, "")
+    small = next(s for s in all_symbols(scan_repo({"s.py": source})) if s.name == "Small")
+    code = source.replace('    """A class too large to take whole."""\n\n', "")
+    bare = next(s for s in all_symbols(scan_repo({"s.py": code})) if s.name == "Small")
+    for symbol, text in ((small, source), (bare, code)):
+        masked = mask(text, [symbol])
+        ast.parse(masked)  # the decorator went with the body it decorates
+        assert "@functools.total_ordering" not in masked and "...  # held out" in masked
+    assert body_text(bare).startswith("def __init__(self, iterable):")
+
+
+def test_a_symbol_the_pipeline_cannot_handle_is_skipped_with_its_reason_and_the_day_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The skip itself, with a symbol made unreadable on purpose (no real one is left after the fixes): the
+    repository's other symbols go on, the reason is kept, and its file trains nothing when it is held out."""
+    import lanes_pipeline.cpu_lane.holdout as holdout
+
+    real = holdout.body_text
+
+    def body_text_failing_on_area(symbol):
+        if symbol.name == "area":
+            raise IndentationError("unexpected indent (<unknown>, line 1)")
+        return real(symbol)
+
+    monkeypatch.setattr(holdout, "body_text", body_text_failing_on_area)
+    repo, commit = shapes_repo(tmp_path)
+    today = symbols_at(repo, commit, {"shapes.py"})
+    assert today.skipped == {"shapes.py::area": "IndentationError: unexpected indent (<unknown>, line 1)"}
+    assert "shapes.py::area" not in {s.id for s in today.symbols} and len(today.symbols) >= 2
+    snapshot = Snapshot(
+        repo="shapes",
+        day=date(2026, 11, 1),
+        branch="HEAD",
+        commit=commit,
+        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
+    )
+    split = held_out_of_repo(snapshot, repo, 100, {}, SandboxLimits(runs=1, timeout_s=60), detect_isolation())
+    assert split.skipped == today.skipped and split.unmaskable == ["shapes.py"]
+    row = Candidate(task="write_tests", repo="shapes", path="shapes.py", code=SHAPES_MODULE, answer="x")
+    assert route(row, split.held, split.unmaskable).held_out  # its body cannot be masked: eval only
+    assert not route(row, [], []).held_out

@@ -87,6 +87,7 @@ class AnalysisDay:
         self.questions, self.selections, self.register = questions, selections, register
         self.model, self.max_tokens, self.backlog_per_day = model, max_tokens, backlog_per_day
         self.not_scanned: list[tuple[str, str, str]] = []  # (repo, path, why): files without symbols
+        self.skipped: dict[str, str] = {}  # `repo: symbol id` -> why the pipeline cannot handle it
 
     def run(self, snapshot: Snapshot, repo: Path, send: Send) -> tuple[AnalysisRow, RepoCoverage | None]:
         if snapshot.commit is None:
@@ -94,6 +95,7 @@ class AnalysisDay:
         selection = select_day(self.selections, snapshot, repo, self.backlog_per_day)
         targets = selection.targets()
         self.not_scanned += [(snapshot.repo, p, why) for p, why in sorted(selection.today.left_out.items())]
+        self.skipped |= {f"{snapshot.repo}: {i}": why for i, why in sorted(selection.today.skipped.items())}
         keys = {s.id: analysis_key(self.model, s, self.max_tokens) for s in targets}
         known = self.questions.answers(snapshot.repo, snapshot.repo_map, targets, keys, SYMBOL_ANALYSIS,
                                        self.max_tokens, analysis_value, send)  # fmt: skip
@@ -195,6 +197,8 @@ def repo_analysis(
             **questions.metadata(),
             "coverage": coverage_table(coverage),
             "not_scanned": md_table(["repo", "path", "why"], day.not_scanned),
+            "skipped_symbols": len(day.skipped),
+            "skipped": MetadataValue.json(day.skipped),
             "report": MetadataValue.md(report[:60_000]),
             "artifact_hash": content_hash,
         }

@@ -36,6 +36,7 @@ from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.cpu_lane.tasks import FileAnalysis
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.engines import embedded_hf_model
+from lanes_pipeline.errors import about
 from lanes_pipeline.gpu_lane import training_window as dataset_window
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.settings import EMBEDDED, Settings
@@ -158,7 +159,16 @@ def held_out_of_day(
             teach_all=nothing_taught_yet,
         )
         repos[snapshot.repo] = split
-        day.bodies[snapshot.repo] = {s.id: body_text(s) for s in split.held}
+        day.bodies[snapshot.repo] = {}
+        for symbol in split.held:
+            with about(
+                f"held-out symbol {snapshot.repo}: {symbol.id} (lines {symbol.start_line}-{symbol.end_line})"
+            ):
+                day.bodies[snapshot.repo][symbol.id] = body_text(symbol)
+        for symbol_id, reason in sorted(split.skipped.items()):
+            context.log.warning(
+                f"{snapshot.repo}: {symbol_id} skipped (the day goes on without it): {reason}"
+            )
         day.functions.extend(split.functions)
         if split.problem is not None:
             context.log.warning(f"{snapshot.repo}: no held-out task, nothing taught today: {split.problem}")
@@ -167,6 +177,19 @@ def held_out_of_day(
             f"tests; {len(split.taught)} new or changed function(s) to write the body of"
         )
     return day, repos
+
+
+def _routed(candidate: Candidate, split: RepoHoldOut | None) -> Candidate:
+    where = f"{candidate.task} row of {candidate.repo}: {candidate.path}" + (
+        f"::{candidate.symbol}" if candidate.symbol else ""
+    )
+    with about(where):
+        return route(candidate, split.held, split.unmaskable) if split is not None else route(candidate, [])
+
+
+def skipped_of(splits: dict[str, RepoHoldOut]) -> dict[str, str]:
+    """`repo: symbol id` -> why the day went on without it."""
+    return {f"{repo}: {i}": why for repo, split in sorted(splits.items()) for i, why in split.skipped.items()}
 
 
 def _no_tokens(messages: list[dict[str, str]]) -> int:
@@ -207,8 +230,11 @@ def lora_dataset(
     dataset_config = settings.pipeline.dataset
     first = not [d for d in dataset_window.available_days(store.root) if d < date.fromisoformat(day)]
     held_out_day, splits = held_out_of_day(context, settings, snapshots, tests_by_symbol(generated), first)
-    candidates += [body_candidate(repo, s) for repo, split in sorted(splits.items()) for s in split.taught]
-    candidates = [route(c, splits[c.repo].held if c.repo in splits else []) for c in candidates]
+    for repo, split in sorted(splits.items()):
+        for symbol in split.taught:
+            with about(f"{repo}: {symbol.id} (lines {symbol.start_line}-{symbol.end_line})"):
+                candidates.append(body_candidate(repo, symbol))
+    candidates = [_routed(c, splits.get(c.repo)) for c in candidates]
     shaped = shape(
         candidates,
         dataset_config.system_prompt,
@@ -257,6 +283,8 @@ def lora_dataset(
             "held_out_percent": dataset_config.held_out_percent,
             "held_out_symbols": sum(len(v.held) for v in splits.values()),
             "held_out_tasks": len(held_out_day.functions),
+            "skipped_symbols": sum(len(v.skipped) for v in splits.values()),
+            "skipped": MetadataValue.json(skipped_of(splits)),
             "held_out_problems": MetadataValue.json(
                 {repo: split.problem for repo, split in splits.items() if split.problem is not None}
             ),
