@@ -277,7 +277,7 @@ def is_transient_error(exc: BaseException) -> bool:
         return exc.retryable
     if isinstance(exc, sqlite3.OperationalError):
         return "locked" in str(exc)  # another connection holds the database for a moment
-    return isinstance(
+    if isinstance(
         exc,
         LaneUnreachableError
         | LaneNotReadyError
@@ -285,7 +285,10 @@ def is_transient_error(exc: BaseException) -> bool:
         | httpx.TransportError
         | ConnectionError
         | TimeoutError,
-    )
+    ):
+        return True
+    # A wrapper that says which step failed (serving's ServingError) is as transient as what it wraps.
+    return exc.__cause__ is not None and is_transient_error(exc.__cause__)
 
 
 @contextmanager

@@ -90,6 +90,8 @@ class AllEndpointsDownError(LaneError):
     """Every endpoint of the CPU lane went down during (or before) a batch. What was answered is committed:
     a re-run asks only for the rest."""
 
+    transient = True  # a server that restarts answers the step's retry (errors.is_transient_error)
+
     def __init__(self, reports: Sequence[EndpointReport]) -> None:
         self.reports = list(reports)
         named = "; ".join(f"{r.url}: {r.reason or 'down'}" for r in reports)

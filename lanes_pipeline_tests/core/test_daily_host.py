@@ -149,3 +149,16 @@ def test_only_transient_lane_errors_are_left_to_the_retry_policy(error: Exceptio
         step()
     if not transient:
         assert raised.value.allow_retries is False and type(error).__name__ in raised.value.description
+
+
+def test_a_wrapped_lane_error_is_as_transient_as_its_cause_and_every_endpoint_down_is_transient() -> None:
+    from lanes_pipeline.cpu_lane.endpoint_choice import AllEndpointsDownError
+    from lanes_pipeline.errors import ServingError
+
+    down = LaneConnectionError("GPU", "u", "POST", "/v1/load_lora_adapter", "refused")
+    try:
+        raise ServingError("load failed") from down
+    except ServingError as wrapped:
+        assert is_transient_error(wrapped)
+    assert not is_transient_error(ServingError("no earlier promoted version to roll back to"))
+    assert is_transient_error(AllEndpointsDownError([]))
