@@ -145,3 +145,18 @@ def test_summary_shows_the_test_coverage_of_the_days_repositories() -> None:
                                 docs_coverage=0.075)  # fmt: skip
     expected = "1 of 6 docstrings accepted; coverage 3 of 40 symbols (8%)"
     assert RESULTS["generated_docs"](docs.metadata()) == expected
+
+
+def test_summary_names_the_symbols_the_day_went_on_without() -> None:
+    reasons = {f"lib: m.py::C.f{i}": "IndentationError: unexpected indent" for i in range(7)}
+    rows = [
+        AssetOutcome(
+            asset="repo_analysis", partition=DAY, status="materialized", metadata={"skipped": reasons}
+        ),
+        AssetOutcome(asset="lora_dataset", partition=DAY, status="materialized", metadata={"skipped": {}}),
+    ]
+    text = render(summarize_day(DAY, rows, LaneDeltas(), None))
+    assert "  7 symbol(s) skipped, the day went on without them:" in text.splitlines()
+    assert "    lib: m.py::C.f0: IndentationError: unexpected indent" in text.splitlines()
+    assert "    ... and 2 more (repo_analysis's `skipped`)" in text.splitlines()
+    assert "skipped, the day" not in render(summarize_day(DAY, rows[1:], LaneDeltas(), None))
