@@ -12,6 +12,7 @@ download). A few symbols, one sample each and short answers keep it to minutes.
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, time
@@ -72,11 +73,7 @@ def first_day(
     when = datetime.combine(day, time(12), tzinfo=UTC)
     build_history(root / "repo", [CommitSpec(when=when, message="cachetools 5.5.0", files=files)])
     configs = root / "configs"
-    configs.mkdir()
-    for name in ("lanes.yaml", "training.yaml"):
-        (configs / name).write_text(
-            (settings.config_dir / name).read_text(encoding="utf-8"), encoding="utf-8"
-        )
+    shutil.copytree(settings.config_dir, configs)
     entry = {"name": REPO, "path": str(root / "repo"), "branch": "main", "include": ["src/**/*.py"]}
     (configs / "repos.yaml").write_text(yaml.safe_dump({"repos": [entry]}), encoding="utf-8")
     pipeline = yaml.safe_load((settings.config_dir / "pipeline.yaml").read_text(encoding="utf-8"))
