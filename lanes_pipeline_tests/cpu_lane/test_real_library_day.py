@@ -11,7 +11,6 @@ download). A few symbols, one sample each and short answers keep it to minutes.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, load_held_out, training_leaks
-from lanes_pipeline.cpu_lane.holdout import held_out_key
+from lanes_pipeline.cpu_lane.holdout import is_held_out
 from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
@@ -47,8 +46,7 @@ BIG_CLASS = "src/cachetools/__init__.py::TTLCache"  # over 120 lines: its method
 
 def _percent_holding(symbol_id: str) -> int:
     """The smallest held-out percent that holds `symbol_id` out (holdout.is_held_out's rule)."""
-    digest = hashlib.sha256(held_out_key(REPO, symbol_id).encode()).hexdigest()
-    return int(digest[:8], 16) % 100 + 1
+    return next(percent for percent in range(1, 101) if is_held_out(REPO, symbol_id, percent))
 
 
 @dataclass
