@@ -267,3 +267,26 @@ def test_a_symbol_the_pipeline_cannot_handle_is_skipped_with_its_reason_and_the_
     row = Candidate(task="write_tests", repo="shapes", path="shapes.py", code=SHAPES_MODULE, answer="x")
     assert route(row, split.held, split.unmaskable).held_out  # its body cannot be masked: eval only
     assert not route(row, [], []).held_out
+
+
+def test_functions_no_test_calls_are_no_problem_and_are_still_taught(tmp_path: Path) -> None:
+    """A suite of unittest classes (as cachetools has) calls no function from a top-level test: nothing is
+    run, which is not "the tests gave no report", and the day's functions are still taught."""
+    tests = "import unittest\n\nfrom shapes import double\n\n\nclass T(unittest.TestCase):\n"
+    tests += "    def test_d(self):\n        assert double(2) == 4\n"
+    files = {"shapes.py": SHAPES_MODULE, "tests/test_shapes.py": tests}
+    when = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    commit = build_history(tmp_path / "repo", [CommitSpec(when=when, message="unittest", files=files)])
+    snapshot = Snapshot(
+        repo="r",
+        day=date(2026, 11, 1),
+        branch="HEAD",
+        commit=commit,
+        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
+    )
+    limits = SandboxLimits(runs=1, timeout_s=30)
+    split = held_out_of_repo(snapshot, tmp_path / "repo", 50, {}, limits, detect_isolation(), teach_all=True)
+    assert any(s.kind == "function" for s in split.held)  # a held-out function, with no test calling it
+    assert split.problem is None and split.functions == []
+    taught = {s.name for s in split.taught}
+    assert taught and taught == {s.name for s in symbols() if s.kind == "function"}
