@@ -10,6 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
 from lanes_pipeline.cpu_lane.bandwidth import (
@@ -18,7 +19,6 @@ from lanes_pipeline.cpu_lane.bandwidth import (
     YieldPolicy,
     YieldReport,
     cpu_active_requests,
-    gpu_running_requests,
     in_flight_cap,
     observe,
     wait_until_quiet,
@@ -254,22 +254,50 @@ class InteractiveLoad:
             thread.join(timeout=120)
 
 
-def long_answer(url: str, model: str, max_tokens: int) -> threading.Thread:
-    """An editor's long answer on the GPU lane, in a started thread: generated past end-of-text (vLLM's
-    `ignore_eos`) to `max_tokens`, so vLLM runs it for many seconds. The short users' requests alone do not
-    keep vLLM busy at every instant: seen in CI, the test read vLLM busy and the batch's first reading, a
-    moment later, found it not busy (most likely every user between two answers) and the batch started at
-    full slots."""
+class HeldBusy:
+    """vLLM held busy by the test, not by timing: one streamed answer generated past end-of-text (vLLM's
+    `ignore_eos`) is always in flight, asked again if it ends, until `release()` closes its stream (vLLM
+    aborts a request whose client has gone). A long answer left to run on its own is not enough: it can end
+    between the test seeing it run and the batch's first reading, before the short users' first requests
+    arrive, and the batch then starts at full slots."""
 
-    def ask() -> None:
-        with VllmClient(url, timeout_s=300) as client:
-            prompt = "Write a long Python module of utility functions, each with a docstring."
-            message = ChatMessage(role="user", content=prompt)
-            client.chat(ChatRequest(model=model, messages=[message], max_tokens=max_tokens, ignore_eos=True))
+    def __init__(self, url: str, model: str, max_tokens: int = 1900) -> None:
+        self.url = url
+        self.body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Write a long Python module of utility functions."}],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        self.answers_started = 0
+        self._generating = threading.Event()
+        self._released = threading.Event()
+        self._thread = threading.Thread(target=self._hold, daemon=True)
 
-    thread = threading.Thread(target=ask, daemon=True)
-    thread.start()
-    return thread
+    def _hold(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=httpx.Timeout(300.0, connect=10.0)) as http:
+            while not self._released.is_set():
+                self.answers_started += 1
+                with http.stream("POST", "/v1/chat/completions", json=self.body) as response:
+                    response.raise_for_status()
+                    for line in response.iter_lines():
+                        if '"content"' in line:
+                            self._generating.set()
+                        if self._released.is_set():
+                            break  # leaving the block closes the stream
+
+    def start(self, timeout_s: float = 120) -> HeldBusy:
+        """Returns once vLLM is generating the held answer's tokens: a reading taken now finds it running."""
+        self._thread.start()
+        assert self._generating.wait(timeout_s), "vLLM generated no token of the held answer"
+        return self
+
+    def release(self) -> None:
+        self._released.set()
+
+    def join(self, timeout_s: float = 60) -> None:
+        self._thread.join(timeout_s)
 
 
 def counting(count: int, max_tokens: int) -> list[BatchRequest]:
@@ -280,11 +308,6 @@ def counting(count: int, max_tokens: int) -> list[BatchRequest]:
         layout.build(f"count{i}", f"Count from {i} to {i + 200}, one number per line.", max_tokens)
         for i in range(count)
     ]
-
-
-def gpu_running(url: str) -> float:
-    with VllmClient(url, timeout_s=10) as client:
-        return gpu_running_requests(client) or 0.0
 
 
 class Trace:
@@ -341,12 +364,8 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
         gpu=settings.lanes.gpu_lane.model_copy(update={"base_url": gpu_server.url}),
     )
     model = settings.lanes.gpu_lane.served_model_name
-    # vLLM busy when the batch starts, whatever the instant: a long answer, seen running before anything
-    # else is sent (it is then the one running), lasts far past the batch's first reading.
-    long = long_answer(gpu_server.url, model, max_tokens=512)
-    deadline = time.monotonic() + 120
-    while gpu_running(gpu_server.url) < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # vLLM busy from before the batch's first reading until the test lets it go quiet.
+    held = HeldBusy(gpu_server.url, model).start()
     load = InteractiveLoad(gpu_server.url, model, max_tokens=16).start()
     items = 64  # the first two run under load; the rest outlast the load's drain and quiet_s
     try:
@@ -355,14 +374,16 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
         def end_interactive_load(progress: BatchProgress) -> None:
             if progress.done >= 2 and not stopped.is_set():
                 stopped.set()
+                held.release()
                 threading.Thread(target=load.stop, daemon=True).start()
 
         with Trace(cpu_server.url) as trace:
             result = cpu_lane.run_batch(counting(items, max_tokens=32), progress=end_interactive_load)
             ended = time.monotonic()
     finally:
+        held.release()
         load.stop()
-        long.join(timeout=300)
+        held.join()
     report = result.bandwidth
     assert report is not None and result.summary.ok == result.summary.items == items
     assert load.answered > 0 and report.max_gpu_running >= 1
