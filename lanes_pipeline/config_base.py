@@ -1,5 +1,6 @@
 """What every config model builds on: the error that lists every bad value, the strict base model, and
-the checks of a server URL and an environment variable name. `config_models.py` re-exports them."""
+the checks of a server URL and an environment variable name (`config_models.py` re-exports them); and the
+one frozen base of the pipeline's own rows and results."""
 
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ class StrictModel(Config, BaseModel):  # BaseModel named too: Config is one, and
         # Pydantic's own validation, not Config's: Config.__init__ fills a missing required key with None,
         # which would turn "required key is missing" into a type error about None.
         BaseModel.__init__(self, **values)
+
+
+class Frozen(BaseModel):
+    """A row or result the pipeline builds: immutable once made, and a misspelt field is an error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 def check_base_url(value: str) -> str:

@@ -33,8 +33,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from lanes_pipeline.config_base import Frozen
 from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.repos import CommitSpec, LeftOut, Snapshot, build_history, is_test_path
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow
@@ -50,10 +51,6 @@ REPO_NAME = "real_package"
 INCLUDE = ["**/*.py"]
 EXCLUDE = ["**/tests/**", "setup.py"]
 _KEEP_NAMES = {"pyproject.toml", "setup.cfg"}
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class RealPackageError(RuntimeError):

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from lanes_pipeline.config_base import Frozen
 from lanes_pipeline.cpu_lane.symbols import Symbol
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class DayWork(Frozen):

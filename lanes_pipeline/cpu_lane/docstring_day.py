@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lanes_pipeline.config_base import Frozen
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult, names_deterministic_failure
 from lanes_pipeline.cpu_lane.docstring_edit import DocstringError, Documented, document
@@ -58,10 +59,6 @@ RESULTS_PATH = ".lanes/doctest_results.json"
 SANDBOX_ERROR = "sandbox_error"
 NO_SANDBOX = frozenset({"no_answer", "no_docstring", "not_inserted", "missing_parameter", "no_example",
                         "unsafe"})  # fmt: skip
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class DocAnswer(Frozen):

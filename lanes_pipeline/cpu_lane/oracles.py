@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from lanes_pipeline.config_base import Frozen
 from lanes_pipeline.cpu_lane.mutants import MutantKind, MutationError, mutants
 from lanes_pipeline.cpu_lane.sandbox import (
     SETUP_FAILED,
@@ -43,10 +44,6 @@ MAX_REPR_CHARS = 400
 LITERAL_BUILDERS = frozenset({"set", "frozenset", "tuple", "list", "dict", "bytes", "range"})
 PROBE_PATH = ".lanes/oracle_probe.py"
 RESULTS_PATH = ".lanes/oracle_results.jsonl"
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ParsedCalls(Frozen):
@@ -87,7 +84,7 @@ class TeethVerdict(Frozen):
 
     killed_all: bool
     reason: str
-    runs: list[MutantRun] = []
+    runs: list[MutantRun] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -37,17 +37,14 @@ from typing import Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from lanes_pipeline.config_base import Frozen
 from lanes_pipeline.cpu_lane.repos import ls_tree, read_blobs
 
 ENV_FORMAT = 1  # bump when the way environments are built changes: every hash changes with it
 TEST_GROUPS = frozenset({"test", "tests", "dev", "testing"})
 _REQUIREMENTS = re.compile(r"^(?:[^/]*requirements[^/]*\.txt|requirements/[^/]+\.txt)$")
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class DependencySpec(Frozen):
@@ -65,7 +62,7 @@ class EnvResult(Frozen):
     log_path: str = ""
     builder: Literal["uv", "pip"] | None = None
     reused: bool = Field(False, description="found built (or failed) before, not built now")
-    requirements: list[str] = []
+    requirements: list[str] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ from typing import Literal
 from zoneinfo import ZoneInfo
 
 import pathspec
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from lanes_pipeline.config_base import Frozen
 from lanes_pipeline.cpu_lane.safety import injection_markers
 
 # ---------------------------------------------------------------------------------------------------------
@@ -32,11 +33,7 @@ from lanes_pipeline.cpu_lane.safety import injection_markers
 LeftOutReason = Literal["binary", "vendored", "too_large", "git_ignored", "prompt_injection", "not_utf8"]
 
 
-class FrozenModel(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class TreeEntry(FrozenModel):
+class TreeEntry(Frozen):
     """One blob of `git ls-tree -r -l`."""
 
     path: str
@@ -45,26 +42,26 @@ class TreeEntry(FrozenModel):
     mode: str
 
 
-class FileEntry(FrozenModel):
+class FileEntry(Frozen):
     path: str
     blob: str = Field(description="git blob hash: equal blobs have equal content")
     language: str
     size: int
 
 
-class LeftOut(FrozenModel):
+class LeftOut(Frozen):
     path: str
     reason: LeftOutReason
     detail: str = ""
 
 
-class ModuleOutline(FrozenModel):
+class ModuleOutline(Frozen):
     """Classes, functions and methods of one Python module, as signatures."""
 
     path: str
     module: str
-    functions: list[str] = []
-    classes: list[tuple[str, list[str]]] = []  # (class header, method signatures)
+    functions: list[str] = Field(default_factory=list)
+    classes: list[tuple[str, list[str]]] = Field(default_factory=list)  # (class header, method signatures)
     error: str | None = None
 
     def defined_names(self) -> set[str]:
@@ -81,7 +78,7 @@ class ModuleOutline(FrozenModel):
         return [n for n in names if not n.startswith("_")]
 
 
-class SelectionRules(FrozenModel):
+class SelectionRules(Frozen):
     """What a snapshot reads: a repos.yaml entry's globs and cpu_assets.max_file_bytes (defaults there),
     which limits files other than Python source (see is_python)."""
 
@@ -90,7 +87,7 @@ class SelectionRules(FrozenModel):
     max_file_bytes: int
 
 
-class Snapshot(FrozenModel):
+class Snapshot(Frozen):
     """What `repo_snapshot` records for one repository and one day."""
 
     repo: str
@@ -99,12 +96,12 @@ class Snapshot(FrozenModel):
     commit: str | None = Field(description="None: the repository had no commit yet at the end of the day")
     commit_time: str | None = None
     previous_commit: str | None = None
-    files: list[FileEntry] = []
+    files: list[FileEntry] = Field(default_factory=list)
     changed: list[str] = Field([], description="selected paths added or modified since the previous day")
-    deleted: list[str] = []
-    left_out: list[LeftOut] = []
+    deleted: list[str] = Field(default_factory=list)
+    left_out: list[LeftOut] = Field(default_factory=list)
     not_included: int = Field(0, description="tracked files outside include/exclude")
-    outlines: list[ModuleOutline] = []
+    outlines: list[ModuleOutline] = Field(default_factory=list)
     repo_map: str = ""
 
     def file(self, path: str) -> FileEntry:
@@ -473,7 +470,7 @@ def take_snapshot(
 # ---------------------------------------------------------------------------------------------------------
 
 
-class CommitSpec(FrozenModel):
+class CommitSpec(Frozen):
     """One commit: the whole tree (path -> text; None deletes the path) and when it was made."""
 
     when: datetime

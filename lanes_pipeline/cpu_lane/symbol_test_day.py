@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from lanes_pipeline.config_base import Frozen
 from lanes_pipeline.cpu_lane.backlog import is_covered
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, names_deterministic_failure
@@ -37,10 +38,6 @@ DAY_VERSION = 1  # bump when the selection or the job changes in a way that shou
 
 # Verdicts reached without a sandbox: nothing to run, or rejected on its text alone.
 NO_SANDBOX = frozenset({"no_answer", "no_calls", "rejected_static"})
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class SymbolTestCoverage(Frozen):

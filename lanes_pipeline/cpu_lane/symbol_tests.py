@@ -28,8 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from lanes_pipeline.config_base import Frozen
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.oracles import (
@@ -95,10 +96,6 @@ SYMBOL_TEST = register(
     )
 )
 TASK_OF_STYLE: dict[TestStyle, TaskKind] = {"oracle": ORACLE_CALLS, "assertions": SYMBOL_TEST}
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 # Why an answer gave no accepted test (also the verdict of a generated_tests row without one).

@@ -20,8 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from lanes_pipeline.config_base import Frozen
 from lanes_pipeline.cpu_lane.repos import module_name
 
 SymbolKind = Literal["function", "class", "method"]
@@ -29,10 +30,6 @@ MAX_CALLEES = 8  # a symbol's context shows at most this many callee stubs (firs
 MAX_STUB_DOC = 400  # characters of a callee's docstring shown in the context
 
 _Def = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Symbol(Frozen):
@@ -136,14 +133,14 @@ class SymbolScan(Frozen):
 
     path: str
     module: str
-    symbols: list[Symbol] = []
+    symbols: list[Symbol] = Field(default_factory=list)
     error: str | None = Field(None, description="why the file could not be parsed (None: it was)")
 
 
 class RepoSymbols(Frozen):
     """What every module of the repository defines at top level, as stubs: `module -> name -> stub`."""
 
-    stubs: dict[str, dict[str, str]] = {}
+    stubs: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     def stub(self, module: str, name: str) -> str | None:
         return self.stubs.get(module, {}).get(name)
@@ -152,10 +149,10 @@ class RepoSymbols(Frozen):
 class SymbolDiff(Frozen):
     """Symbol ids between two scans of a repository."""
 
-    new: list[str] = []
-    changed: list[str] = []
-    removed: list[str] = []
-    unchanged: list[str] = []
+    new: list[str] = Field(default_factory=list)
+    changed: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    unchanged: list[str] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------------------

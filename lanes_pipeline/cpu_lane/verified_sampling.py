@@ -22,15 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from lanes_pipeline.config_base import Frozen
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest
 
 DEFAULT_TEMPERATURE = 0.8  # above zero, or every sample of a target would be the same answer
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class TargetTally(Frozen):
