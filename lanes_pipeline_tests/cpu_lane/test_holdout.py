@@ -35,6 +35,16 @@ def symbols():
     return all_symbols(scan_repo({"shapes.py": SHAPES_MODULE}))
 
 
+def shapes_snapshot(
+    repo: str, commit: str, day: date = date(2026, 11, 1), previous_commit: str | None = None
+) -> Snapshot:
+    """The day's snapshot of a repository whose one analysed file is shapes.py."""
+    entry = FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")
+    return Snapshot(
+        repo=repo, day=day, branch="HEAD", commit=commit, previous_commit=previous_commit, files=[entry]
+    )
+
+
 def test_the_held_out_share_is_stable_and_follows_the_percent() -> None:
     found = symbols()
     assert held_out_symbols("r", found, 100) == found and held_out_symbols("r", found, 0) == []
@@ -98,10 +108,7 @@ def test_calling_tests_finds_the_test_functions_that_name_it() -> None:
 
 def test_a_day_keeps_only_held_out_functions_with_tests_that_pass_on_the_real_code(tmp_path: Path) -> None:
     repo, commit = shapes_repo(tmp_path)
-    snapshot = Snapshot(
-        repo="r", day=date(2026, 11, 1), branch="HEAD", commit=commit,
-        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
-    )  # fmt: skip
+    snapshot = shapes_snapshot("r", commit)
     accepted = {"shout": ["from shapes import shout\n\n\ndef test_shout():\n    assert shout('a') == 'A!'\n"]}
     limits = SandboxLimits(runs=1, timeout_s=60)
     split = held_out_of_repo(snapshot, repo, 100, accepted, limits, detect_isolation())
@@ -157,10 +164,7 @@ def test_a_repository_whose_tests_hang_is_recorded_and_gives_no_task(tmp_path: P
     when = datetime(2026, 11, 1, 12, tzinfo=UTC)
     files = {"shapes.py": SHAPES_MODULE, "tests/test_shapes.py": hanging}
     commit = build_history(tmp_path / "repo", [CommitSpec(when=when, message="hangs", files=files)])
-    snapshot = Snapshot(
-        repo="r", day=date(2026, 11, 1), branch="HEAD", commit=commit,
-        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
-    )  # fmt: skip
+    snapshot = shapes_snapshot("r", commit)
     limits = SandboxLimits(runs=1, timeout_s=5)
     split = held_out_of_repo(snapshot, tmp_path / "repo", 100, {}, limits, detect_isolation())
     assert split.functions == [] and split.taught == [] and len(split.held) == 3
@@ -171,10 +175,7 @@ def test_an_unchanged_day_teaches_nothing_unless_nothing_was_taught_yet(tmp_path
     """A new install's first day may be a day the repository did not change: every function is new to the
     adapter then; on later unchanged days the functions were taught already (they stay in the window)."""
     repo, commit = shapes_repo(tmp_path)
-    snapshot = Snapshot(
-        repo="r", day=date(2026, 11, 30), branch="HEAD", commit=commit, previous_commit=commit,
-        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
-    )  # fmt: skip
+    snapshot = shapes_snapshot("r", commit, day=date(2026, 11, 30), previous_commit=commit)
     limits = SandboxLimits(runs=1, timeout_s=60)
     assert held_out_of_repo(snapshot, repo, 0, {}, limits, detect_isolation()).taught == []
     first = held_out_of_repo(snapshot, repo, 0, {}, limits, detect_isolation(), teach_all=True)
@@ -255,13 +256,7 @@ def test_a_symbol_the_pipeline_cannot_handle_is_skipped_with_its_reason_and_the_
     today = symbols_at(repo, commit, {"shapes.py"})
     assert today.skipped == {"shapes.py::area": "IndentationError: unexpected indent (<unknown>, line 1)"}
     assert "shapes.py::area" not in {s.id for s in today.symbols} and len(today.symbols) >= 2
-    snapshot = Snapshot(
-        repo="shapes",
-        day=date(2026, 11, 1),
-        branch="HEAD",
-        commit=commit,
-        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
-    )
+    snapshot = shapes_snapshot("shapes", commit)
     split = held_out_of_repo(snapshot, repo, 100, {}, SandboxLimits(runs=1, timeout_s=60), detect_isolation())
     assert split.skipped == today.skipped and split.unmaskable == ["shapes.py"]
     row = Candidate(task="write_tests", repo="shapes", path="shapes.py", code=SHAPES_MODULE, answer="x")
@@ -277,13 +272,7 @@ def test_functions_no_test_calls_are_no_problem_and_are_still_taught(tmp_path: P
     files = {"shapes.py": SHAPES_MODULE, "tests/test_shapes.py": tests}
     when = datetime(2026, 11, 1, 12, tzinfo=UTC)
     commit = build_history(tmp_path / "repo", [CommitSpec(when=when, message="unittest", files=files)])
-    snapshot = Snapshot(
-        repo="r",
-        day=date(2026, 11, 1),
-        branch="HEAD",
-        commit=commit,
-        files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
-    )
+    snapshot = shapes_snapshot("r", commit)
     limits = SandboxLimits(runs=1, timeout_s=30)
     split = held_out_of_repo(snapshot, tmp_path / "repo", 50, {}, limits, detect_isolation(), teach_all=True)
     assert any(s.kind == "function" for s in split.held)  # a held-out function, with no test calling it
