@@ -185,18 +185,21 @@ def backfill(first: datetime, last: datetime, wait: bool) -> None:
     days = day_range(first.date(), last.date())
     backfill_id = submit_backfill(settings.project_root, days, title=f"daily_lanes {days[0]}..{days[-1]}")
     click.echo(f"backfill {backfill_id}: daily_lanes for {days[0]} .. {days[-1]} ({len(days)} days)")
-    if not daemons_alive():
-        click.echo("  no Dagster daemon has reported on this instance lately: it runs once `make dev` is up")
-    if wait:
-        try:
-            status, failed = wait_for(backfill_id)
-        except KeyboardInterrupt:
-            # Only the waiting stops: the backfill belongs to the instance, and the daemon goes on with it.
-            click.echo(f"stopped waiting; backfill {backfill_id} goes on (Overview > Backfills)", err=True)
-            raise click.exceptions.Exit(130) from None
-        click.echo(f"backfill {backfill_id}: {status}")
-        if status != "COMPLETED_SUCCESS" or failed:
-            runs = f"; runs that did not succeed: {', '.join(failed)}" if failed else ""
-            raise click.ClickException(
-                f"backfill {backfill_id} ended {status}{runs}; see Overview > Backfills"
+    # From here on the backfill belongs to the instance, and the daemon goes on with it: a stop (also one
+    # that lands while the daemons' heartbeats are read) ends only this command, as a stop, not an abort.
+    try:
+        if not daemons_alive():
+            click.echo(
+                "  no Dagster daemon has reported on this instance lately: it runs once `make dev` is up"
             )
+        if not wait:
+            return
+        status, failed = wait_for(backfill_id)
+    except KeyboardInterrupt:
+        stopped = "stopped waiting" if wait else "stopped"
+        click.echo(f"{stopped}; backfill {backfill_id} goes on (Overview > Backfills)", err=True)
+        raise click.exceptions.Exit(130) from None
+    click.echo(f"backfill {backfill_id}: {status}")
+    if status != "COMPLETED_SUCCESS" or failed:
+        runs = f"; runs that did not succeed: {', '.join(failed)}" if failed else ""
+        raise click.ClickException(f"backfill {backfill_id} ended {status}{runs}; see Overview > Backfills")

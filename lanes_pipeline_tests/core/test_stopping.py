@@ -4,6 +4,7 @@ SIGHUP (its terminal went away), stops as on Ctrl-C, and no process it started o
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -11,10 +12,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 import yaml
+from click.testing import CliRunner
 from dagster import DagsterInstance, DagsterRunStatus, MaterializeResult, RetryPolicy, asset, materialize
 
 from lanes_pipeline.cli.run import stop_if_interrupted
@@ -24,6 +27,9 @@ from lanes_pipeline.host import STOP_REQUESTED, with_host_figures
 from lanes_pipeline.settings import Settings, project_root
 from lanes_pipeline_tests.core.processes import family, free_port, port_is_free, survivors
 from lanes_pipeline_tests.daily.fixtures import DailyProject, daily_project
+
+# The module, not the `backfill` command that `lanes_pipeline.cli` exports under the same name.
+backfill_cli = importlib.import_module("lanes_pipeline.cli.backfill")
 
 LANES = [sys.executable, "-m", "lanes_pipeline.cli"]
 
@@ -170,6 +176,34 @@ def test_lanes_backfill_stops_its_submission_and_its_waiting(project: DailyProje
     with DagsterInstance.from_config(str(project.dagster_home)) as instance:
         [backfill] = instance.get_backfills()
     assert backfill.status.value == "REQUESTED"  # no daemon here: still waiting for one
+
+
+@pytest.mark.parametrize(
+    ("wait", "stopped_in"), [(True, "daemons_alive"), (True, "wait_for"), (False, "daemons_alive")]
+)
+def test_a_stop_after_the_backfill_was_submitted_ends_the_command_as_a_stop(
+    monkeypatch: pytest.MonkeyPatch, wait: bool, stopped_in: str
+) -> None:
+    """A signal that lands once Dagster has the backfill, also while the daemons' heartbeats are read (a
+    slow instance query under load), ends the command with 130 and says the backfill goes on; it was an
+    uncaught KeyboardInterrupt there, which click reports as "Aborted!" with exit 1."""
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(backfill_cli, "stop_like_ctrl_c", lambda: None)  # no handlers in pytest's process
+    monkeypatch.setattr(backfill_cli, "load_settings", lambda: SimpleNamespace(project_root=Path(".")))
+    monkeypatch.setattr(backfill_cli, "use_project_instance", lambda settings: None)
+    monkeypatch.setattr(backfill_cli, "prepare_instance", lambda settings: None)
+    monkeypatch.setattr(backfill_cli, "submit_backfill", lambda root, days, title: "b1")
+    monkeypatch.setattr(backfill_cli, "daemons_alive", lambda: True)
+    monkeypatch.setattr(backfill_cli, stopped_in, interrupted)
+    argv = ["--from", "2026-11-01", "--to", "2026-11-02", *(["--wait"] if wait else [])]
+    result = CliRunner().invoke(backfill_cli.backfill, argv)
+    assert result.exit_code == 130, result.output
+    stopped = "stopped waiting" if wait else "stopped"
+    assert f"{stopped}; backfill b1 goes on (Overview > Backfills)" in result.output
+    assert "Aborted" not in result.output
 
 
 @pytest.mark.cpu_lane
