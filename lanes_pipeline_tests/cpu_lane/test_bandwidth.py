@@ -263,14 +263,9 @@ class HeldBusy:
 
     def __init__(self, url: str, model: str, max_tokens: int = 1900) -> None:
         self.url = url
-        self.body = {
-            "model": model,
-            "messages": [{"role": "user", "content": "Write a long Python module of utility functions."}],
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "stream": True,
-        }
-        self.answers_started = 0
+        prompt = ChatMessage(role="user", content="Write a long Python module of utility functions.")
+        request = ChatRequest(model=model, messages=[prompt], max_tokens=max_tokens, ignore_eos=True)
+        self.body = request.payload() | {"stream": True}
         self._generating = threading.Event()
         self._released = threading.Event()
         self._thread = threading.Thread(target=self._hold, daemon=True)
@@ -278,7 +273,6 @@ class HeldBusy:
     def _hold(self) -> None:
         with httpx.Client(base_url=self.url, timeout=httpx.Timeout(300.0, connect=10.0)) as http:
             while not self._released.is_set():
-                self.answers_started += 1
                 with http.stream("POST", "/v1/chat/completions", json=self.body) as response:
                     response.raise_for_status()
                     for line in response.iter_lines():
