@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from lanes_pipeline.cli.stopping import child_group, stop_like_ctrl_c
+from lanes_pipeline.cli.stopping import child_group, raise_if_stopped, sleep_unless_stopped, stop_like_ctrl_c
 from lanes_pipeline.daily.instance import prepare_instance, use_project_instance
 from lanes_pipeline.settings import ConfigError, load_settings
 
@@ -165,7 +165,7 @@ def wait_for(backfill_id: str, poll_s: float = 5.0) -> tuple[str, list[str]]:
         if backfill.status.value in TERMINAL and all(run.is_finished for run in runs):
             failed = [seen[run.run_id] for run in runs if run.status != DagsterRunStatus.SUCCESS]
             return backfill.status.value, failed
-        time.sleep(poll_s)
+        sleep_unless_stopped(poll_s)  # also ends on a stop whose interrupt a query's cleanup swallowed
 
 
 @click.command()
@@ -192,6 +192,7 @@ def backfill(first: datetime, last: datetime, wait: bool) -> None:
             click.echo(
                 "  no Dagster daemon has reported on this instance lately: it runs once `make dev` is up"
             )
+        raise_if_stopped()
         if not wait:
             return
         status, failed = wait_for(backfill_id)

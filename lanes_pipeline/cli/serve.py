@@ -3,11 +3,9 @@ Ctrl-C, SIGTERM or SIGHUP, then stop them cleanly."""
 
 from __future__ import annotations
 
-import threading
-
 import click
 
-from lanes_pipeline.cli.stopping import stop_like_ctrl_c
+from lanes_pipeline.cli.stopping import sleep_unless_stopped, stop_like_ctrl_c
 from lanes_pipeline.embedded.servers import LaneName, running_lanes
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.settings import ConfigError, load_settings
@@ -29,7 +27,7 @@ def serve(which: str) -> None:
                 click.echo(f"{lane}_lane: {endpoints.url(lane)}", color=False)
             click.echo("lanes are up; Ctrl-C stops them", err=True)
             try:
-                threading.Event().wait()
+                sleep_unless_stopped()
             except KeyboardInterrupt:
                 click.echo("stopping lanes...", err=True)
     except KeyboardInterrupt:

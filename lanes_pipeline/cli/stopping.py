@@ -48,6 +48,22 @@ def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
 
+def raise_if_stopped() -> None:
+    """Raise KeyboardInterrupt if a stop signal arrived. The handler's own KeyboardInterrupt can be lost: one
+    raised while a weakref callback or `__del__` runs (SQLAlchemy's, in a garbage collection during an
+    instance query) is printed as "Exception ignored" and dropped, and a loop that waits on the instance
+    would wait forever. The flag the handler sets first is not lost."""
+    if STOP_REQUESTED.is_set():
+        raise KeyboardInterrupt
+
+
+def sleep_unless_stopped(seconds: float | None = None) -> None:
+    """Sleep `seconds` (None: until a stop), ending at once with KeyboardInterrupt when a stop signal arrives,
+    also one whose own KeyboardInterrupt was lost before the sleep began (`raise_if_stopped`)."""
+    STOP_REQUESTED.wait(seconds)
+    raise_if_stopped()
+
+
 @contextmanager
 def child_group(
     argv: Sequence[str],

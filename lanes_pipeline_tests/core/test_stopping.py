@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from click.testing import CliRunner
 from dagster import DagsterInstance, DagsterRunStatus, MaterializeResult, RetryPolicy, asset, materialize
 
 from lanes_pipeline.cli.run import stop_if_interrupted
+from lanes_pipeline.cli.stopping import STOP_SIGNALS, stop_like_ctrl_c
 from lanes_pipeline.daily.instance import NOT_FINISHED
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.host import STOP_REQUESTED, with_host_figures
@@ -204,6 +206,61 @@ def test_a_stop_after_the_backfill_was_submitted_ends_the_command_as_a_stop(
     stopped = "stopped waiting" if wait else "stopped"
     assert f"{stopped}; backfill b1 goes on (Overview > Backfills)" in result.output
     assert "Aborted" not in result.output
+
+
+class _Collected:
+    """An object whose collection runs a weakref callback, as SQLAlchemy's registries do in a query."""
+
+
+def _hang_up_inside_a_weakref_callback() -> None:
+    """SIGHUP handled while a weakref callback runs: Python prints its KeyboardInterrupt as "Exception
+    ignored" and drops it, as it did to `lanes backfill --wait` in a garbage collection during an instance
+    query (the command then polled on, and CI's stop waited past its 30 s)."""
+
+    def collected(ref: weakref.ref[_Collected]) -> None:
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(10_000):  # the handler runs at one of these bytecodes, inside the callback
+            pass
+
+    target = _Collected()
+    ref = weakref.ref(target, collected)
+    del target
+    assert ref() is None
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_whose_interrupt_was_swallowed_still_ends_the_backfill_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stop handler's flag outlives its lost KeyboardInterrupt: the wait ends at its next poll."""
+    polls: list[str] = []
+
+    class Instance:
+        def get_backfill(self, backfill_id: str) -> SimpleNamespace:
+            polls.append(backfill_id)
+            _hang_up_inside_a_weakref_callback()
+            return SimpleNamespace(status=SimpleNamespace(value="REQUESTED"))
+
+        def get_runs(self, runs_filter: object) -> list[object]:
+            return []
+
+    monkeypatch.setattr(DagsterInstance, "get", staticmethod(Instance))
+    lost: list[type[BaseException] | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: lost.append(unraisable.exc_type))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *STOP_SIGNALS)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_like_ctrl_c()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            backfill_cli.wait_for("b1", poll_s=20.0)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        STOP_REQUESTED.clear()
+    assert lost == [KeyboardInterrupt]  # the handler's interrupt was dropped, as in CI
+    assert polls == ["b1"]
+    assert time.monotonic() - started < 5, "the wait slept through the stop"
 
 
 @pytest.mark.cpu_lane
