@@ -12,7 +12,7 @@ PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 # The persistent Dagster instance shared by `make run` and `make dev` (holds a link to ./dagster.yaml).
 export DAGSTER_HOME ?= $(CURDIR)/data/dagster_home
 
-.PHONY: run test dev lint bench setup browser clean postgres postgres-stop
+.PHONY: run test dev lint bench bench-docs setup browser clean postgres postgres-stop
 
 $(STAMPS)/venv: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ lint: $(STAMPS)/venv
 bench: setup
 	$(BIN)/python -m pip install -q $(PIP_CONSTRAINTS) -e ".[bench]"
 	$(BIN)/python -m lanes_pipeline.bench
+	$(BIN)/python -m lanes_pipeline.bench --docs
+
+# docs/benchmarks.md from data/bench/report.json as it stands (runs no benchmark).
+bench-docs: $(STAMPS)/venv
+	$(BIN)/python -m lanes_pipeline.bench --docs
 
 # A local PostgreSQL for the instance (dagster.postgres.yaml; README "Postgres instance storage"): made in
 # $(PG_DIR) the first time, started on 127.0.0.1 (PG_PORT=..., or a free port), no system service. Then

@@ -1,67 +1,66 @@
-"""`python -m lanes_pipeline.bench [NAME ...]`: run the benchmarks, write a JSON and a Markdown report."""
+"""`python -m lanes_pipeline.bench [NAME ...]`: run the benchmarks, write a JSON and a Markdown report.
+`python -m lanes_pipeline.bench --docs`: write docs/benchmarks.md from that report (runs nothing)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
-import json
 import platform
 import signal
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import psutil
 
+from lanes_pipeline.bench.report import BenchEntry, BenchReportError, read_report, report_markdown
 from lanes_pipeline.host import STOP_REQUESTED
-from lanes_pipeline.settings import load_settings
+from lanes_pipeline.settings import Settings, load_settings
 
 BENCHMARKS = ("cpu_lane", "gpu_lane", "trials", "cpu_yield", "cpu_servers", "learning", "drills")
-
-
-def _markdown(report: dict[str, Any]) -> str:
-    lines = [f"# lanes_pipeline benchmarks ({report['started']})", "", f"Machine: {report['machine']}", ""]
-    for name, result in report["results"].items():
-        lines += [f"## {name}", ""]
-        summary = result.get("markdown")
-        if summary:
-            lines += [summary, ""]
-        else:
-            lines += ["```json", json.dumps(result, indent=2), "```", ""]
-    return "\n".join(lines)
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _existing(path: Path) -> dict[str, Any]:
-    """The report as earlier runs left it; a file that is not a report is named, never overwritten."""
-    if not path.exists():
-        return {}
-    try:
-        report = json.loads(path.read_text())
-    except ValueError as exc:
-        raise SystemExit(f"{path}: not a benchmark report ({exc}); move it away to start a new one") from exc
-    if not isinstance(report, dict) or not isinstance(report.get("results", {}), dict):
-        raise SystemExit(f"{path}: not a benchmark report (no 'results' object); move it away")
-    return report
+def _report_path(settings: Settings) -> Path:
+    return settings.data_dir / "bench" / "report.json"
 
 
-def main(names: list[str]) -> None:
+def write_docs(source: Path, docs: Path, root: Path) -> Path:
+    """`docs` (docs/benchmarks.md) from the report at `source`, as it stands; paths shown from `root`."""
+    report = read_report(source)
+    docs.parent.mkdir(parents=True, exist_ok=True)
+    shown = source.relative_to(root) if source.is_relative_to(root) else source
+    docs.write_text(report_markdown(report, str(shown)))
+    return docs
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lanes_pipeline.bench", description=__doc__)
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (all): {', '.join(BENCHMARKS)}")
+    parser.add_argument("--docs", action="store_true", help="write docs/benchmarks.md from the report")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.names if name not in BENCHMARKS]
+    if unknown:
+        parser.error(f"no benchmark named {', '.join(unknown)}; the benchmarks: {', '.join(BENCHMARKS)}")
     # A SIGTERM (a `timeout`, CI) unwinds like Ctrl-C, so each benchmark's finally-blocks stop its servers.
     signal.signal(signal.SIGTERM, _interrupt)
     settings = load_settings()
-    out_dir = settings.data_dir / "bench"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report = _existing(out_dir / "report.json") | {
-        "started": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
-    }
-    report.setdefault("results", {})
-    for name in names or BENCHMARKS:
+    if args.docs:
+        root = settings.project_root
+        print(f"[bench] wrote {write_docs(_report_path(settings), root / 'docs' / 'benchmarks.md', root)}")
+        return
+    path = _report_path(settings)
+    report = read_report(path)
+    machine = (
+        f"{platform.machine()}, {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB"
+    )
+    report.started, report.machine = datetime.now(UTC).isoformat(timespec="seconds"), machine
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for name in args.names or BENCHMARKS:
         try:
             module = importlib.import_module(f"lanes_pipeline.bench.{name}")
         except ModuleNotFoundError:
@@ -74,17 +73,23 @@ def main(names: list[str]) -> None:
             if STOP_REQUESTED.is_set():  # a step stopped by the signal: Dagster raised its Failure
                 raise KeyboardInterrupt from None
             raise
-        # Each benchmark's figures replace its own entry only: benchmarks run one at a time (hours each on
-        # two cores), and the report keeps the latest run of every one, with when and with which configs.
-        report["results"][name] = result | {
-            "wall_s": round(time.perf_counter() - started, 1),
-            "started": began,
-            "config_dir": str(settings.config_dir),
-        }
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / "report.md").write_text(_markdown(report))
-    print(f"[bench] wrote {out_dir / 'report.json'} and {out_dir / 'report.md'}")
+        # Each benchmark's figures replace its own entry only, with when, where and with which configs.
+        report.results[name] = BenchEntry.model_validate(
+            result
+            | {
+                "wall_s": round(time.perf_counter() - started, 1),
+                "started": began,
+                "machine": machine,
+                "config_dir": str(settings.config_dir),
+            }
+        )
+    path.write_text(report.model_dump_json(indent=2, exclude_none=True) + "\n")
+    (path.parent / "report.md").write_text(report_markdown(report, str(path)))
+    print(f"[bench] wrote {path} and {path.parent / 'report.md'}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except BenchReportError as exc:
+        raise SystemExit(str(exc)) from None
