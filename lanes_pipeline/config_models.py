@@ -194,7 +194,7 @@ class EmbeddedGpuServer(StrictModel):
 
 class AdapterPathMap(StrictModel):
     """vLLM on another machine: the adapters folder here and the same folder as that server sees it (kept
-    in sync by a shared filesystem; see the README on pointing the lanes at your own servers)."""
+    in sync by a shared filesystem; see docs/servers.md)."""
 
     local: str = Field(description="the adapters folder on this machine, absolute (usually <data>/adapters)")
     remote: str = Field(description="the same folder as the vLLM server sees it, absolute")
@@ -209,6 +209,10 @@ class AdapterPathMap(StrictModel):
 
 class GpuLane(LaneConnection):
     config_key: ClassVar[str] = "gpu_lane"
+    # An interactive lane: a request that takes minutes is a failure; vLLM's start (model load, compile) is
+    # the slow part.
+    request_timeout_s: PositiveSeconds = 300.0
+    ready_timeout_s: PositiveSeconds = 900.0
     model: str = Field("smollm2-135m-instruct-hf", description="a name in models.yaml with lane: gpu")
     served_model_name: str = Field("smollm2-hf", description="vLLM --served-model-name of the base model")
     adapter_prefix: str = Field("lanes", pattern=r"^[a-z0-9][a-z0-9_-]*$")

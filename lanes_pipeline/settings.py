@@ -184,7 +184,7 @@ def data_dir() -> Path:
     return Path(os.environ.get("LANES_DATA_DIR", project_root() / "data")).absolute()
 
 
-_MODELS: dict[str, type[StrictModel]] = {
+CONFIG_MODELS: dict[str, type[StrictModel]] = {
     "lanes.yaml": LanesConfig,
     "models.yaml": ModelsConfig,
     "repos.yaml": ReposConfig,
@@ -249,7 +249,7 @@ def load_settings(config_dir: Path | None = None) -> Settings:
     labels = {name: _label(config_dir / name) for name in CONFIG_FILES}
     parsed: dict[str, StrictModel] = {}
     issues: list[ConfigIssue] = []
-    for name, model in _MODELS.items():
+    for name, model in CONFIG_MODELS.items():
         raw, read_issues = _read_yaml(config_dir / name, labels[name])
         issues += read_issues
         if raw is None:
@@ -270,6 +270,21 @@ def load_settings(config_dir: Path | None = None) -> Settings:
         training=parsed["training.yaml"],  # type: ignore[arg-type]
         pipeline=parsed["pipeline.yaml"],  # type: ignore[arg-type]
     )
+
+
+def merged(data: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`data` with `changes` merged in, section by section (a section absent from `data` is added)."""
+    out = dict(data)
+    for key, value in changes.items():
+        out[key] = merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
+def edit_config_file(path: Path, changes: dict[str, Any]) -> None:
+    """Set `changes` in a copied config file; the shipped files set only what differs from the defaults,
+    so a changed section may not be in the file yet."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    path.write_text(yaml.safe_dump(merged(data, changes), sort_keys=False), encoding="utf-8")
 
 
 def _label(path: Path) -> str:

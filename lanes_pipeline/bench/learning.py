@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from dagster import DagsterInstance, materialize
 
 from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
@@ -38,7 +37,7 @@ from lanes_pipeline.gpu_lane.evaluation import LearningPoint
 from lanes_pipeline.gpu_lane.humaneval import humaneval_pass1, load_problems
 from lanes_pipeline.gpu_lane.learning_report import load_points, markdown_table
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
-from lanes_pipeline.settings import Settings, load_settings
+from lanes_pipeline.settings import Settings, edit_config_file, load_settings
 from lanes_pipeline.store import ArtifactStore
 
 TARGET_LOSS_RATIO = 0.8  # served eval loss <= 0.8 x base's
@@ -52,22 +51,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _merged(data: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    out = dict(data)
-    for key, value in changes.items():
-        out[key] = _merged(out.get(key) or {}, value) if isinstance(value, dict) else value
-    return out
-
-
 def variant_configs(config_dir: Path, changes: dict[str, Any], target: Path) -> Path:
     """A copy of the config folder with one lever changed (`pipeline` -> pipeline.yaml, `training` ->
     training.yaml): the assets read their settings from files, so the variant must be files too."""
     shutil.copytree(config_dir, target)
     for part, change in changes.items():
-        path = target / f"{part}.yaml"
-        path.write_text(
-            yaml.safe_dump(_merged(yaml.safe_load(path.read_text()) or {}, change), sort_keys=False)
-        )
+        edit_config_file(target / f"{part}.yaml", change)
     return target
 
 

@@ -40,7 +40,7 @@ from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.repos import CommitSpec, LeftOut, Snapshot, build_history, is_test_path
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at
-from lanes_pipeline.settings import Settings, load_settings
+from lanes_pipeline.settings import Settings, edit_config_file, load_settings
 from lanes_pipeline.store import ArtifactStore
 
 PACKAGE = "decorator"
@@ -214,9 +214,7 @@ def write_project_configs(settings: Settings, target: Path, repo: Path, **cpu_as
     """A copy of the project's configs with repos.yaml pointing at `repo` alone and `cpu_assets` overrides."""
     shutil.copytree(settings.config_dir, target)
     (target / "repos.yaml").write_text(yaml.safe_dump({"repos": [repos_entry(repo)]}), encoding="utf-8")
-    pipeline = yaml.safe_load((target / "pipeline.yaml").read_text(encoding="utf-8"))
-    pipeline["cpu_assets"].update(cpu_assets)
-    (target / "pipeline.yaml").write_text(yaml.safe_dump(pipeline), encoding="utf-8")
+    edit_config_file(target / "pipeline.yaml", {"cpu_assets": cpu_assets})
     return target
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import yaml
 from click.testing import CliRunner
 from dagster import DagsterInstance, Failure, build_asset_context, build_init_resource_context, materialize
 
@@ -34,6 +33,7 @@ from lanes_pipeline.gpu_lane.resources import GpuLaneResource
 from lanes_pipeline.http import OpenAIClient
 from lanes_pipeline.probe import probe
 from lanes_pipeline.settings import CpuLane, EmbeddedCpuServer, GpuLane, Settings, load_settings, project_root
+from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.core.processes import free_port, port_is_free
 from lanes_pipeline_tests.daily.fixtures import daily_project
 
@@ -165,9 +165,9 @@ def test_lanes_serve_stops_every_process_on_sigterm(tmp_path: Path) -> None:
     config_dir.mkdir()
     for name in ("models.yaml", "repos.yaml", "training.yaml", "pipeline.yaml"):
         (config_dir / name).write_text((project_root() / "configs" / name).read_text())
-    lanes = yaml.safe_load((project_root() / "configs" / "lanes.yaml").read_text())
+    lanes = read_config(project_root() / "configs" / "lanes.yaml")
     lanes["cpu_lane"]["embedded"]["port"] = 0
-    (config_dir / "lanes.yaml").write_text(yaml.safe_dump(lanes))
+    write_config(config_dir / "lanes.yaml", lanes)
     env = {**os.environ, "LANES_CONFIG_DIR": str(config_dir), "LANES_DATA_DIR": str(tmp_path / "data")}
     serve = subprocess.Popen(
         [sys.executable, "-m", "lanes_pipeline.cli", "serve", "cpu"],

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from lanes_pipeline.cli import main
 from lanes_pipeline.settings import ConfigError, load_settings, project_root
+from lanes_pipeline_tests.config_files import read_config, write_config
 
 RANKS = "1, 8, 16, 32, 64, 128, 256, 320, 512"
 
@@ -28,9 +28,9 @@ def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _edit(config_dir: Path, name: str, change: Callable[[dict[str, Any]], None]) -> None:
     path = config_dir / name
-    data = yaml.safe_load(path.read_text())
+    data = read_config(path)
     change(data)
-    path.write_text(yaml.safe_dump(data))
+    write_config(path, data)
 
 
 def _set(*keys: str | int, value: Any) -> Callable[[dict[str, Any]], None]:

@@ -27,6 +27,7 @@ from lanes_pipeline.daily.instance import NOT_FINISHED
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.host import STOP_REQUESTED, with_host_figures
 from lanes_pipeline.settings import Settings, project_root
+from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.core.processes import family, free_port, port_is_free, survivors
 from lanes_pipeline_tests.daily.fixtures import DailyProject, daily_project
 
@@ -39,11 +40,11 @@ LANES = [sys.executable, "-m", "lanes_pipeline.cli"]
 def _embedded_on_free_ports(project: DailyProject, lanes: tuple[str, ...]) -> None:
     """The project's `lanes` run embedded, each on a free port."""
     path = project.config_dir / "lanes.yaml"
-    config = yaml.safe_load(path.read_text())
+    config = read_config(path)
     for lane in lanes:
         config[f"{lane}_lane"]["base_url"] = "embedded"
         config[f"{lane}_lane"]["embedded"]["port"] = 0
-    path.write_text(yaml.safe_dump(config))
+    write_config(path, config)
 
 
 def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -276,12 +277,12 @@ def test_lanes_run_stops_the_run_and_its_lane(
     stops it instead, host.stopped_step, and the steps after it refuse to run.)"""
     _embedded_on_free_ports(project, ("cpu",))
     # A day with minutes of CPU-lane work, so the hang-up lands mid-step (a small day ends in seconds).
-    pipeline = yaml.safe_load((project.config_dir / "pipeline.yaml").read_text())
+    pipeline = read_config(project.config_dir / "pipeline.yaml")
     pipeline["cpu_assets"] |= {"backlog_per_day": 8, "samples_per_item": 6, "tests_max_tokens": 320}
-    (project.config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
-    lanes = yaml.safe_load((project.config_dir / "lanes.yaml").read_text())
+    write_config(project.config_dir / "pipeline.yaml", pipeline)
+    lanes = read_config(project.config_dir / "lanes.yaml")
     lanes["gpu_lane"]["base_url"] = gpu_server.url  # the session's vLLM: not this command's to stop
-    (project.config_dir / "lanes.yaml").write_text(yaml.safe_dump(lanes))
+    write_config(project.config_dir / "lanes.yaml", lanes)
     log = tmp_path / "run.log"
     running = _start([*LANES, "run", "--date", "2026-11-01"], project.env(), log)
     state = project.data_dir / "run" / "cpu-lane.json"

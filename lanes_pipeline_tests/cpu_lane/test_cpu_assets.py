@@ -24,7 +24,6 @@ from typing import Any, Literal, get_args, get_origin
 
 import httpx
 import pytest
-import yaml
 from dagster import AssetKey, DagsterInstance, load_assets_from_modules, materialize
 
 from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
@@ -41,6 +40,7 @@ from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.prometheus import MetricsSnapshot
 from lanes_pipeline.settings import CpuLane, Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
+from lanes_pipeline_tests.config_files import read_config, write_config
 
 # 5 runs of the whole chain, about six CPU-lane requests (plus repairs): a few minutes on two idle cores.
 pytestmark = [pytest.mark.cpu_lane, pytest.mark.timeout(1800)]
@@ -161,8 +161,8 @@ class Pipeline:
                 {"name": "fixture", "path": str(self.repo), "include": ["**/*.py"], "exclude": ["tests/**"]}
             ]
         }
-        (config_dir / "repos.yaml").write_text(yaml.safe_dump(repos))
-        pipeline = yaml.safe_load((config_dir / "pipeline.yaml").read_text())
+        write_config(config_dir / "repos.yaml", repos)
+        pipeline = read_config(config_dir / "pipeline.yaml")
         pipeline["cpu_assets"].update(
             analysis_max_tokens=160,
             backlog_per_day=1,  # every asset: the day's changed symbols, then one never-covered symbol
@@ -171,7 +171,7 @@ class Pipeline:
             refactor_max_tokens=128,
             sandbox={"timeout_s": 30, "memory_mb": 1024, "runs": 3},
         )
-        (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
+        write_config(config_dir / "pipeline.yaml", pipeline)
         self.store = ArtifactStore(root / "artifacts")
         self.resources = {
             "cpu_lane": CpuLaneResource(

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from lanes_pipeline.cli import main
@@ -41,6 +40,7 @@ from lanes_pipeline.daily.instance import pool_limits
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.http import ChatMessage
 from lanes_pipeline.settings import ConfigError, RetryPolicy, load_settings, project_root
+from lanes_pipeline_tests.config_files import read_config, write_config
 
 # -- the choices -----------------------------------------------------------------------------------------
 
@@ -132,10 +132,10 @@ def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _set_endpoints(config_dir: Path, endpoints: list[dict[str, object]]) -> None:
     path = config_dir / "lanes.yaml"
-    data = yaml.safe_load(path.read_text())
-    del data["cpu_lane"]["base_url"]
+    data = read_config(path)
+    data["cpu_lane"].pop("base_url", None)
     data["cpu_lane"]["endpoints"] = endpoints
-    path.write_text(yaml.safe_dump(data))
+    write_config(path, data)
 
 
 def test_duplicate_endpoints_are_named_with_their_index(config_dir: Path) -> None:

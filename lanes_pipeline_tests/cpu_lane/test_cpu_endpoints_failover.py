@@ -9,7 +9,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from lanes_pipeline.cli import main
@@ -17,6 +16,7 @@ from lanes_pipeline.cpu_lane.batch import BatchRunner
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.endpoint_pool import CpuEndpointClient
 from lanes_pipeline.settings import RetryPolicy, Settings, project_root
+from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, private_cpu_server, questions
 from lanes_pipeline_tests.cpu_lane.test_cpu_endpoints import CountingCache
 
@@ -28,10 +28,10 @@ ITEMS = 24
 def _config_check(tmp_path: Path, urls: list[str]) -> str:
     configs = tmp_path / "configs"
     shutil.copytree(project_root() / "configs", configs)
-    lanes = yaml.safe_load((configs / "lanes.yaml").read_text())
-    del lanes["cpu_lane"]["base_url"]
+    lanes = read_config(configs / "lanes.yaml")
+    lanes["cpu_lane"].pop("base_url", None)
     lanes["cpu_lane"]["endpoints"] = [{"base_url": url, "slots": 2} for url in urls]
-    (configs / "lanes.yaml").write_text(yaml.safe_dump(lanes))
+    write_config(configs / "lanes.yaml", lanes)
     result = CliRunner().invoke(main, ["config", "check", "--dir", str(configs)])
     assert result.exit_code == 0, result.output
     return result.output

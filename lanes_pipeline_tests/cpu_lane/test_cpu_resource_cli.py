@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, asset, materialize
 
@@ -14,6 +13,7 @@ from lanes_pipeline.cli.cpu import cpu
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, batch_metadata
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.settings import CpuLane, Settings, project_root
+from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.fixtures import questions
 
 pytestmark = pytest.mark.cpu_lane
@@ -66,9 +66,9 @@ def cli_env(cpu_server: EmbeddedServer, tmp_path: Path) -> dict[str, str]:
     """A copy of configs/ pointing the CPU lane at the session server, and a data folder of its own."""
     config_dir = tmp_path / "configs"
     shutil.copytree(project_root() / "configs", config_dir)
-    lanes = yaml.safe_load((config_dir / "lanes.yaml").read_text())
+    lanes = read_config(config_dir / "lanes.yaml")
     lanes["cpu_lane"]["base_url"] = cpu_server.url
-    (config_dir / "lanes.yaml").write_text(yaml.safe_dump(lanes))
+    write_config(config_dir / "lanes.yaml", lanes)
     return {"LANES_CONFIG_DIR": str(config_dir), "LANES_DATA_DIR": str(tmp_path / "data")}
 
 

@@ -6,21 +6,21 @@ unknown)."""
 import shutil
 from pathlib import Path
 
-import yaml
 from click.testing import CliRunner
 from dagster import DagsterInstance, asset, materialize
 
 from lanes_pipeline.cli.config import config
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, over_failure_ratio
 from lanes_pipeline.settings import BandwidthConfig, CpuLane, load_settings, project_root
+from lanes_pipeline_tests.config_files import read_config, write_config
 
 
 def test_a_config_with_the_removed_failure_gate_names_file_and_key(tmp_path: Path) -> None:
     config_dir = tmp_path / "configs"
     shutil.copytree(project_root() / "configs", config_dir)
-    pipeline = yaml.safe_load((config_dir / "pipeline.yaml").read_text())
+    pipeline = read_config(config_dir / "pipeline.yaml")
     pipeline["cpu_assets"]["max_failure_ratio"] = 0.25  # the second gate, removed: cpu_lane's is the one
-    (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
+    write_config(config_dir / "pipeline.yaml", pipeline)
     result = CliRunner().invoke(config, ["check", "--dir", str(config_dir)])
     assert result.exit_code == 1
     assert f"{config_dir / 'pipeline.yaml'}: cpu_assets.max_failure_ratio: unknown key" in result.stderr

@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import yaml
 from dagster import DagsterInstance, materialize
 
 from lanes_pipeline.bench.cpu_yield import docs_yield
@@ -58,6 +57,7 @@ from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettin
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.settings import CpuLane, SandboxLimits, Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
+from lanes_pipeline_tests.config_files import read_config, write_config
 
 TEXT = '''"""Small text helpers."""
 
@@ -427,11 +427,11 @@ def test_generated_docs_asks_the_lane_judges_every_answer_and_a_rerun_asks_nothi
     config_dir = tmp_path / "configs"
     shutil.copytree(settings.config_dir, config_dir)
     repos = {"repos": [{"name": "tiny", "path": str(repo), "include": ["**/*.py"]}]}
-    (config_dir / "repos.yaml").write_text(yaml.safe_dump(repos))
-    pipeline = yaml.safe_load((config_dir / "pipeline.yaml").read_text())
+    write_config(config_dir / "repos.yaml", repos)
+    pipeline = read_config(config_dir / "pipeline.yaml")
     pipeline["cpu_assets"].update(samples_per_item=1, tests_max_tokens=64,
                                   sandbox={"timeout_s": 20, "memory_mb": 768, "runs": 1})  # fmt: skip
-    (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
+    write_config(config_dir / "pipeline.yaml", pipeline)
     store = ArtifactStore(tmp_path / "artifacts")
     day = "2026-11-01"
     # generated_tests' choice of the day, as it would have written it (its own tests cover how it chooses).

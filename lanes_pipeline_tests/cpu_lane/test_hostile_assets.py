@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from dagster import DagsterInstance, load_assets_from_modules, materialize
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
@@ -44,6 +43,7 @@ from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.settings import CpuLane, Settings, load_settings
+from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.hostile_corpus import (
     CANARY_PREFIX,
     HOME_CANARY,
@@ -117,8 +117,8 @@ def _configure(root: Path, settings: Settings) -> tuple[Path, Path]:
     shutil.copytree(settings.config_dir, config_dir)
     repos = {"repos": [{"name": "sample", "path": str(repo), "include": ["**/*.py"],
                         "exclude": ["**/__init__.py", "tests/**"]}]}  # fmt: skip
-    (config_dir / "repos.yaml").write_text(yaml.safe_dump(repos))
-    pipeline = yaml.safe_load((config_dir / "pipeline.yaml").read_text())
+    write_config(config_dir / "repos.yaml", repos)
+    pipeline = read_config(config_dir / "pipeline.yaml")
     pipeline["cpu_assets"].update(
         backlog_per_day=15,  # the whole of day 1: every symbol, in every stage
         samples_per_item=3,
@@ -127,7 +127,7 @@ def _configure(root: Path, settings: Settings) -> tuple[Path, Path]:
         refactor_max_tokens=480,
         sandbox={"timeout_s": 10, "memory_mb": 1024, "runs": 1},
     )
-    (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
+    write_config(config_dir / "pipeline.yaml", pipeline)
     return repo, config_dir
 
 

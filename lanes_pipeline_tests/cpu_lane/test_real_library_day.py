@@ -36,6 +36,7 @@ from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane import training_window
 from lanes_pipeline.settings import CpuLane, Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
+from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.real_code import sdist_files
 
 pytestmark = [pytest.mark.cpu_lane, pytest.mark.timeout(1800)]
@@ -74,13 +75,13 @@ def first_day(
     shutil.copytree(settings.config_dir, configs)
     entry = {"name": REPO, "path": str(root / "repo"), "branch": "main", "include": ["src/**/*.py"]}
     (configs / "repos.yaml").write_text(yaml.safe_dump({"repos": [entry]}), encoding="utf-8")
-    pipeline = yaml.safe_load((settings.config_dir / "pipeline.yaml").read_text(encoding="utf-8"))
+    pipeline = read_config(settings.config_dir / "pipeline.yaml")
     pipeline["cpu_assets"].update(
         backlog_per_day=2, samples_per_item=1, analysis_max_tokens=96, tests_max_tokens=96,
         refactor_max_tokens=96, sandbox={"timeout_s": 60, "memory_mb": 1024, "runs": 1},
     )  # fmt: skip
     pipeline["dataset"]["held_out_percent"] = _percent_holding(f"{BIG_CLASS}.__init__")
-    (configs / "pipeline.yaml").write_text(yaml.safe_dump(pipeline), encoding="utf-8")
+    write_config(configs / "pipeline.yaml", pipeline)
     with empty_data_dir(settings.data_dir):
         project = load_settings(configs)
         store = ArtifactStore(root / "artifacts")

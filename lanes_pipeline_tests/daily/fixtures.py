@@ -14,11 +14,11 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import yaml
 from dagster import DagsterInstance
 
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.settings import Settings, project_root
+from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.gpu_lane.fixtures import write_codename_day
 
 # Measured in test_gpu_pipeline: the codename fact is learned by step 6 at this learning rate.
@@ -93,26 +93,26 @@ def daily_project(
         folder.mkdir(parents=True, exist_ok=True)
     shipped = project_root() / "configs"
     shutil.copy(shipped / "models.yaml", config_dir / "models.yaml")
-    repos = yaml.safe_load((shipped / "repos.yaml").read_text())
+    repos = read_config(shipped / "repos.yaml")
     for repo in repos["repos"]:
         repo["include"] = SAMPLE_MODULES
-    (config_dir / "repos.yaml").write_text(yaml.safe_dump(repos))
-    pipeline = yaml.safe_load((shipped / "pipeline.yaml").read_text())
+    write_config(config_dir / "repos.yaml", repos)
+    pipeline = read_config(shipped / "pipeline.yaml")
     sandbox = {**pipeline["cpu_assets"]["sandbox"], **CPU_ASSETS["sandbox"]}
     pipeline["cpu_assets"] |= CPU_ASSETS | {"sandbox": sandbox}
     pipeline["dataset"] |= dataset or {}
     pipeline |= pipeline_changes or {}
-    (config_dir / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
-    lanes = yaml.safe_load((shipped / "lanes.yaml").read_text())
+    write_config(config_dir / "pipeline.yaml", pipeline)
+    lanes = read_config(shipped / "lanes.yaml")
     lanes["cpu_lane"]["base_url"], lanes["gpu_lane"]["base_url"] = cpu_url, gpu_url
     lanes["bandwidth"]["quiet_s"] = 1  # the tests' lanes are quiet between steps: do not wait long
-    (config_dir / "lanes.yaml").write_text(yaml.safe_dump(lanes))
-    train = yaml.safe_load((shipped / "training.yaml").read_text())
+    write_config(config_dir / "lanes.yaml", lanes)
+    train = read_config(shipped / "training.yaml")
     changes = {**TRAINING, **(training or {})}
     lora = {**train["lora"], **changes.pop("lora")}
     train |= changes | {"lora": lora}
     train["base_model_dir"] = str(engines.embedded_hf_model(settings.data_dir).resolve())
-    (config_dir / "training.yaml").write_text(yaml.safe_dump(train))
+    write_config(config_dir / "training.yaml", train)
     shutil.copy(project_root() / "dagster.yaml", home / "dagster.yaml")
     # Create the instance's SQLite databases now, in one process: a daemon and a CLI creating them at the
     # same moment race on the schema migrations (alembic "more than one head").

@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from click.testing import CliRunner
 from pydantic import ValidationError
 
@@ -33,6 +32,7 @@ from lanes_pipeline.gpu_lane.adapters import (
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.settings import AdapterPathMap, project_root
+from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.gpu_lane.fake_vllm import BASE, FakeVllm
 
 MAP = AdapterPathMap(local="/data/lanes/adapters", remote="/srv/vllm/adapters/")
@@ -162,9 +162,9 @@ def _config_check(
 ) -> Any:
     config_dir = tmp_path / "configs"
     shutil.copytree(project_root() / "configs", config_dir)
-    lanes = yaml.safe_load((config_dir / "lanes.yaml").read_text())
+    lanes = read_config(config_dir / "lanes.yaml")
     change(lanes)
-    (config_dir / "lanes.yaml").write_text(yaml.safe_dump(lanes))
+    write_config(config_dir / "lanes.yaml", lanes)
     monkeypatch.chdir(tmp_path)
     return CliRunner().invoke(main, ["config", "check", "--dir", str(config_dir)])
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from accelerate.commands.launch import launch_command_parser
 
 from lanes_pipeline.gpu_lane.training.launch import LAUNCH_MODULE, TRAINER_MODULE, trainer_argv
 from lanes_pipeline.gpu_lane.training.world import Single, gpus_short, shard
 from lanes_pipeline.settings import ConfigError, TrainingConfig, load_settings, project_root
+from lanes_pipeline_tests.config_files import read_config, write_config
 
 SPEC = Path("/tmp/spec.json")
 PY = "/venv/bin/python"
@@ -115,9 +115,9 @@ def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _training(config_dir: Path, **changes: Any) -> None:
     path = config_dir / "training.yaml"
-    data = yaml.safe_load(path.read_text())
+    data = read_config(path)
     data.update(changes)
-    path.write_text(yaml.safe_dump(data))
+    write_config(path, data)
 
 
 def test_the_shipped_config_trains_in_one_process(config_dir: Path) -> None:
