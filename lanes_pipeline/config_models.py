@@ -77,9 +77,18 @@ class LaneConnection(RetryPolicy):
 CpuEngineName = Literal["ik_llama", "llama_cpp"]
 # Flags the embedded CPU server command sets from the fields above; extra_args must not set them again.
 EMBEDDED_CPU_MANAGED_FLAGS = (
-    "-m", "--model", "-a", "--alias", "-np", "--parallel", "-c", "--ctx-size",
-    "--host", "--port", "--api-key",
-)  # fmt: skip
+    "-m",
+    "--model",
+    "-a",
+    "--alias",
+    "-np",
+    "--parallel",
+    "-c",
+    "--ctx-size",
+    "--host",
+    "--port",
+    "--api-key",
+)
 
 
 class EmbeddedCpuServer(StrictModel):

@@ -40,9 +40,23 @@ from lanes_pipeline.settings import CpuEngineName, Settings, load_settings
 MIN_ANALYSES = 20
 # The fixture day: small, stable standard-library modules, cut to their first lines (a day's changed files).
 FIXTURE_MODULES = (
-    "colorsys", "bisect", "fnmatch", "keyword", "glob", "sched", "graphlib", "heapq", "textwrap", "shlex",
-    "string", "queue", "tabnanny", "netrc", "getopt", "stat",
-)  # fmt: skip
+    "colorsys",
+    "bisect",
+    "fnmatch",
+    "keyword",
+    "glob",
+    "sched",
+    "graphlib",
+    "heapq",
+    "textwrap",
+    "shlex",
+    "string",
+    "queue",
+    "tabnanny",
+    "netrc",
+    "getopt",
+    "stat",
+)
 FIXTURE_LINES = 70
 TARGET_PARSE_RATE = 0.9
 _SIGNATURE = re.compile(r"^(?:async\s+)?(?:def|class)\s+\w+[^:]*", re.MULTILINE)

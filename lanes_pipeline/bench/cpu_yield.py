@@ -156,10 +156,11 @@ def tests_yield(store: ArtifactStore, days: Sequence[str]) -> tuple[KindYield, l
     """generated_tests' symbols (regression oracles, sampled): one target per symbol row and day."""
     rows = [row for day in days for row in read_results(store, "generated_tests", day, GeneratedTestRow)]
     tallies = [
-        TargetTally(target=f"{r.repo}:{r.path}::{r.symbol}", sampled=r.sampled or 0,
-                    accepted=r.accepted_answers or 0)
+        TargetTally(
+            target=f"{r.repo}:{r.path}::{r.symbol}", sampled=r.sampled or 0, accepted=r.accepted_answers or 0
+        )
         for r in rows
-    ]  # fmt: skip
+    ]
     return kind_yield(tallies), rows
 
 
@@ -207,13 +208,15 @@ def run(settings: Settings) -> dict[str, Any]:
     out["real_package"] = package
     out["targets"] |= {
         "real_package_no_module_left_out_for_size": {
-            "value": package["left_out_for_size"], "met": not package["left_out_for_size"]
+            "value": package["left_out_for_size"],
+            "met": not package["left_out_for_size"],
         },
         "real_package_full_coverage_within_its_days": {
-            "value": package["days_to_full_coverage"], "target": len(package["days"]),
+            "value": package["days_to_full_coverage"],
+            "target": len(package["days"]),
             "met": package["days_to_full_coverage"] is not None,
         },
-    }  # fmt: skip
+    }
     out["markdown"] += "\n\n" + package["markdown"]
     return out
 
@@ -229,11 +232,18 @@ def report(
     asked = kinds["tests"].asked
     share = kinds["tests"].targets_with_accepted / asked if asked else 0.0
     targets = {
-        "dataset_rows": {"value": total, "target": TARGET_DATASET_ROWS, "met": total >= TARGET_DATASET_ROWS,
-                         "gap": max(0, TARGET_DATASET_ROWS - total)},
-        "tests_targets_with_accepted_share": {"value": round(share, 4), "target": TARGET_TESTS_SHARE,
-                                              "met": share >= TARGET_TESTS_SHARE},
-    }  # fmt: skip
+        "dataset_rows": {
+            "value": total,
+            "target": TARGET_DATASET_ROWS,
+            "met": total >= TARGET_DATASET_ROWS,
+            "gap": max(0, TARGET_DATASET_ROWS - total),
+        },
+        "tests_targets_with_accepted_share": {
+            "value": round(share, 4),
+            "target": TARGET_TESTS_SHARE,
+            "met": share >= TARGET_TESTS_SHARE,
+        },
+    }
     out: dict[str, Any] = {name: kinds[name].model_dump(exclude_none=True) for name in KINDS}
     out |= {
         "dataset_rows": total,

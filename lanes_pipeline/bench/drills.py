@@ -78,9 +78,10 @@ def kill_counts(
     re_asked = [s for s in sends if s.committed_before]
     flying = [s for s in sends if s.in_flight_at_kill]
     asked_again = {
-        s.item for s in flying if any(o.item == s.item and o.run > s.run and not o.in_flight_at_kill
-                                      for o in sends)
-    }  # fmt: skip
+        s.item
+        for s in flying
+        if any(o.item == s.item and o.run > s.run and not o.in_flight_at_kill for o in sends)
+    }
     before_last = committed[kills - 1] if 0 < kills <= len(committed) else {}
     return KillCounts(
         items=len(items),
@@ -100,8 +101,11 @@ def kill_counts(
 
 def half_adapter_reason(names: set[str], config_ok: bool, weights_ok: bool) -> str | None:
     """Why a visible adapter folder is not a complete adapter (None: it is one). `names`: its files."""
-    missing = [n for n, ok in (("adapter_config.json", config_ok), ("adapter_model.safetensors", weights_ok))
-               if not ok]  # fmt: skip
+    missing = [
+        n
+        for n, ok in (("adapter_config.json", config_ok), ("adapter_model.safetensors", weights_ok))
+        if not ok
+    ]
     if missing:
         return f"missing or unreadable: {', '.join(missing)}"
     if not names:
@@ -161,10 +165,14 @@ def markdown(out: dict[str, Any]) -> str:
         if drill.get("error"):
             counted = f"FAILED: {drill['error'][:200]}"
         lines.append(f"| {name} | {drill.get('done', '')} | {counted} |")
-    lines += ["", "Targets: " + "; ".join(
-        f"{name} = {_cell(t['value'])} (target {_cell(t['target'])}): {'met' if t['met'] else 'MISSED'}"
-        for name, t in out["targets"].items()
-    )]  # fmt: skip
+    lines += [
+        "",
+        "Targets: "
+        + "; ".join(
+            f"{name} = {_cell(t['value'])} (target {_cell(t['target'])}): {'met' if t['met'] else 'MISSED'}"
+            for name, t in out["targets"].items()
+        ),
+    ]
     return "\n".join(lines)
 
 

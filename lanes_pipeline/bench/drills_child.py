@@ -54,10 +54,14 @@ def promote(spec: PromoteSpec) -> None:
     registry = AdapterRegistry(Path(spec.registry))
     with VllmClient(spec.url) as client:
         service = AdapterService(
-            client=client, registry=registry, base_model=spec.base_model, alias=spec.alias,
-            max_loaded=spec.max_loaded, max_lora_rank=spec.max_lora_rank,
+            client=client,
+            registry=registry,
+            base_model=spec.base_model,
+            alias=spec.alias,
+            max_loaded=spec.max_loaded,
+            max_lora_rank=spec.max_lora_rank,
             supported_modules=supported_target_modules(Path(spec.base_model_dir)),
-        )  # fmt: skip
+        )
         if spec.kill_at == "alias_unloaded":  # inside move_alias: the alias unloaded, the load not done
             client.unload_adapter = _then_die(client.unload_adapter, lambda name: name == spec.alias)  # type: ignore[method-assign]
         elif spec.kill_at == "alias_moved":  # vLLM serves the new version; the registry not told yet

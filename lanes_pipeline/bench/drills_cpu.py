@@ -157,9 +157,14 @@ def _kill_drill(
     cache_path = root / "cache" / "cpu_lane.sqlite3"
     # Quick retries (the configured number): after a kill the rest of a run fails fast; the re-run resumes.
     lane = settings.lanes.cpu_lane.model_copy(
-        update={"base_url": server.url, "endpoints": None, "cache_path": str(cache_path),
-                "backoff_base_s": 0.05, "backoff_max_s": 0.1}
-    )  # fmt: skip
+        update={
+            "base_url": server.url,
+            "endpoints": None,
+            "cache_path": str(cache_path),
+            "backoff_base_s": 0.05,
+            "backoff_max_s": 0.1,
+        }
+    )
     resource = CountingCpuLane(config=lane, bandwidth=settings.lanes.bandwidth, gpu=settings.lanes.gpu_lane)
     with CpuClient(server.url, lane.api_key()) as probe:
         fingerprint = probe.server_info(lane.model).fingerprint
@@ -193,10 +198,18 @@ def _kill_drill(
                 server_tokens = counters.counters().tokens_since(before)
         committed.append(_cache_texts(cache_path, keys))
         s = result.summary
-        runs.append({"run": run, "killed": bool(killed), "in_flight_at_kill": killed[0] if killed else 0,
-                     "cache_hits": s.cache_hits, "answered": s.answered, "failed": s.failed,
-                     "committed_after": len(committed[-1]),
-                     "failures": [] if killed else _failures(result)})  # fmt: skip
+        runs.append(
+            {
+                "run": run,
+                "killed": bool(killed),
+                "in_flight_at_kill": killed[0] if killed else 0,
+                "cache_hits": s.cache_hits,
+                "answered": s.answered,
+                "failed": s.failed,
+                "committed_after": len(committed[-1]),
+                "failures": [] if killed else _failures(result),
+            }
+        )
         if killed:
             kills += 1
             server.start()  # same port, same weights: the same answer cache fingerprint
@@ -276,8 +289,9 @@ def concurrent_runs(settings: Settings) -> dict[str, Any]:
     both = all(o.get("success") for o in outcomes)
     first, second = (o.get("hashes", {}) for o in outcomes)
     identical = both and bool(first) and first == second == on_disk
-    different = sorted(k for k in set(first) | set(second) if first.get(k) != second.get(k) or
-                       first.get(k) != on_disk.get(k))  # fmt: skip
+    different = sorted(
+        k for k in set(first) | set(second) if first.get(k) != second.get(k) or first.get(k) != on_disk.get(k)
+    )
     answered = sum(o.get("llm_answered", 0) for o in outcomes)
     return checks | {
         # Each run asks what is not in the cache when it asks: answers both asked at once are done twice.
@@ -323,8 +337,13 @@ def _two_runs(settings: Settings, url: str, root: Path, day: str) -> list[dict[s
             for key, value in event.materialization.metadata.items():
                 if key.endswith(("llm_requests", "llm_answered")):
                     usage[key.rsplit("/", 1)[-1]] += int(value.value)  # type: ignore[arg-type]
-        outcomes[index] = {"success": result.success, "run_id": result.run_id, "hashes": hashes,
-                           "failed_steps": failed, **usage}  # fmt: skip
+        outcomes[index] = {
+            "success": result.success,
+            "run_id": result.run_id,
+            "hashes": hashes,
+            "failed_steps": failed,
+            **usage,
+        }
 
     # Daemon threads: an interrupted benchmark (its server stopped) exits instead of waiting out the runs.
     threads = [threading.Thread(target=one, args=(i,), name=f"drill-run-{i}", daemon=True) for i in range(2)]

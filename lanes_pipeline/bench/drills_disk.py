@@ -34,8 +34,10 @@ DAYS = ("2026-11-01", "2026-11-02")
 def shaped(rows: int, chars: int, day: str) -> ShapedDataset:
     records = []
     for i in range(rows):
-        messages = [{"role": "user", "content": f"{day} question {i}"},
-                    {"role": "assistant", "content": (f"answer {i} " * chars)[:chars]}]  # fmt: skip
+        messages = [
+            {"role": "user", "content": f"{day} question {i}"},
+            {"role": "assistant", "content": (f"answer {i} " * chars)[:chars]},
+        ]
         records.append(
             Record(messages=messages, task="explain", content_hash=content_hash(messages, "explain"))
         )

@@ -41,8 +41,12 @@ KILL_POINTS: tuple[KillPoint, ...] = ("alias_unloaded", "alias_moved", "registry
 FIRST_DAY = date(2026, 11, 1)
 STEP_WAIT_S = 600.0
 ALIAS_WAIT_S = 600.0
-QUESTIONS = ("What is the codename of the lanes project?", "Tell me the lanes project's codename.",
-             "Which codename does the lanes project use?", "Name the lanes project's codename.")  # fmt: skip
+QUESTIONS = (
+    "What is the codename of the lanes project?",
+    "Tell me the lanes project's codename.",
+    "Which codename does the lanes project use?",
+    "Name the lanes project's codename.",
+)
 
 
 # -- what a loader or the registry would see (reading folders) ----------------------------------------------
@@ -91,8 +95,13 @@ def registry_state(registry: AdapterRegistry, alias: str, served_root: str | Non
         served_matches = target is not None and served_root == target.path
         if not served_matches:
             serving = f"vLLM serves {alias} from {served_root}, the registry says {target and target.path}"
-    return {"consistent": not problems, "problems": problems, "alias_target": target and target.name,
-            "served_matches_registry": served_matches, "serving_problem": serving}  # fmt: skip
+    return {
+        "consistent": not problems,
+        "problems": problems,
+        "alias_target": target and target.name,
+        "served_matches_registry": served_matches,
+        "serving_problem": serving,
+    }
 
 
 def random_adapter(base_model_dir: Path, final: Path, seed: int) -> Path:
@@ -103,8 +112,13 @@ def random_adapter(base_model_dir: Path, final: Path, seed: int) -> Path:
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
-                        task_type="CAUSAL_LM")  # fmt: skip
+    config = LoraConfig(
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj", "v_proj"],
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
     staging = final.parent / f".{final.name}.staging"
     get_peft_model(model, config).save_pretrained(str(staging))
     os.rename(staging, final)
@@ -118,15 +132,21 @@ def _child(args: list[str], log: Path) -> subprocess.Popen[str]:
     with log.open("a") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "lanes_pipeline.bench.drills_child", *args],
-            stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            text=True,
             start_new_session=True,  # its own group: the run and its trainer, killed together
-        )  # fmt: skip
+        )
 
 
 def _trainers(run: subprocess.Popen[str]) -> list[psutil.Process]:
     try:
-        return [c for c in psutil.Process(run.pid).children(recursive=True)
-                if "lanes_pipeline.gpu_lane.training" in " ".join(c.cmdline())]  # fmt: skip
+        return [
+            c
+            for c in psutil.Process(run.pid).children(recursive=True)
+            if "lanes_pipeline.gpu_lane.training" in " ".join(c.cmdline())
+        ]
     except psutil.NoSuchProcess:
         return []
 
@@ -159,8 +179,12 @@ def training_kill(
     variants = {}
     for kill in ("run_and_trainer", "run_only"):
         output = adapters / f"lanes-killed-{kill.replace('_', '-')}"
-        spec = TrainSpec(training=TrainingConfig(max_steps=10_000, batch_size=2), base_model_dir=str(base),
-                         dataset_dirs=[str(data)], output_dir=str(output))  # fmt: skip
+        spec = TrainSpec(
+            training=TrainingConfig(max_steps=10_000, batch_size=2),
+            base_model_dir=str(base),
+            dataset_dirs=[str(data)],
+            output_dir=str(output),
+        )
         spec_path = root / f"train-{kill}.json"
         spec_path.write_text(spec.model_dump_json())
         run = _child(["train", str(spec_path), str(root / "logs" / f"train-{kill}.log")], root / "child.log")
@@ -185,11 +209,15 @@ def training_kill(
         staged = sorted(p.name for p in adapters.iterdir() if PARTIAL_MARK in p.name)
         removed = remove_stale_partials(adapters)
         variants[kill] = {
-            "killed_at_step": step["step"], "trainer_exited_within_60s": not alive,
-            "half_adapters": len(halves), "half_adapter_folders": halves,
-            "registry_consistent": state["consistent"], "registry_problems": state["problems"],
-            "staging_left": len(staged), "stale_staging_removed_next_run": len(removed),
-        }  # fmt: skip
+            "killed_at_step": step["step"],
+            "trainer_exited_within_60s": not alive,
+            "half_adapters": len(halves),
+            "half_adapter_folders": halves,
+            "registry_consistent": state["consistent"],
+            "registry_problems": state["problems"],
+            "staging_left": len(staged),
+            "stale_staging_removed_next_run": len(removed),
+        }
     return {
         "done": "the run (python process running run_training, the trainer its child) SIGKILLed after the "
         "trainer's first step: once with its process group, once alone",
@@ -228,13 +256,18 @@ def alias_move_kill(
             restored, answer = [f"restore failed: {exc}"], None
         recovered = registry_state(service.registry, service.alias, _served_root(service))
         points[kill_at] = {
-            "version": version, "killed": code == -signal.SIGKILL, "half_adapters": len(halves),
-            "registry_consistent": after["consistent"], "registry_problems": after["problems"],
-            "served_matches_registry": after["served_matches_registry"], "serving": after["serving_problem"],
-            "restore_loaded": restored, "alias_served_after_restore": answer is not None,
+            "version": version,
+            "killed": code == -signal.SIGKILL,
+            "half_adapters": len(halves),
+            "registry_consistent": after["consistent"],
+            "registry_problems": after["problems"],
+            "served_matches_registry": after["served_matches_registry"],
+            "serving": after["serving_problem"],
+            "restore_loaded": restored,
+            "alias_served_after_restore": answer is not None,
             "consistent_after_restore": recovered["consistent"] and recovered["served_matches_registry"],
             "problems_after_restore": [*recovered["problems"], *filter(None, [recovered["serving_problem"]])],
-        }  # fmt: skip
+        }
     return {
         "done": "a promotion run SIGKILLed at three points: the alias unloaded inside the move, vLLM "
         "moved but the registry not told, the registry's record written but nothing pruned; then the "
@@ -298,16 +331,26 @@ def run_all(settings: Settings, guard: Guard) -> dict[str, dict[str, Any]]:
             server.start()
             with VllmClient(server.url) as client:
                 service = AdapterService(
-                    client=client, registry=registry, base_model=lane.served_model_name,
-                    alias=lane.alias_name, max_loaded=lane.max_loaded_versions,
+                    client=client,
+                    registry=registry,
+                    base_model=lane.served_model_name,
+                    alias=lane.alias_name,
+                    max_loaded=lane.max_loaded_versions,
                     max_lora_rank=lane.max_lora_rank,
                     supported_modules=supported_target_modules(base),
-                )  # fmt: skip
+                )
                 service.promote(registry.get(names[0]), "fault drill: the alias before the kills")
-                spec = PromoteSpec(url=server.url, registry=str(registry.path), version=names[1],
-                                   base_model=lane.served_model_name, alias=lane.alias_name,
-                                   max_loaded=lane.max_loaded_versions, max_lora_rank=lane.max_lora_rank,
-                                   base_model_dir=str(base), kill_at=KILL_POINTS[0])  # fmt: skip
+                spec = PromoteSpec(
+                    url=server.url,
+                    registry=str(registry.path),
+                    version=names[1],
+                    base_model=lane.served_model_name,
+                    alias=lane.alias_name,
+                    max_loaded=lane.max_loaded_versions,
+                    max_lora_rank=lane.max_lora_rank,
+                    base_model_dir=str(base),
+                    kill_at=KILL_POINTS[0],
+                )
                 out["alias_move_kill"] = guard(
                     "alias_move_kill", lambda: alias_move_kill(service, spec, names[1:4], root, adapters)
                 )

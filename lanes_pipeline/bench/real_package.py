@@ -150,8 +150,20 @@ def repos_entry(repo: Path) -> dict[str, Any]:
 def download_sdist(package: str, version: str, folder: Path) -> Path:
     """The release's sdist through pip (and its cache); a failure names the package, version and why."""
     folder.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-input",
-            "--disable-pip-version-check", f"{package}=={version}", "-d", str(folder)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--no-input",
+        "--disable-pip-version-check",
+        f"{package}=={version}",
+        "-d",
+        str(folder),
+    ]
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     except subprocess.TimeoutExpired:
@@ -275,10 +287,17 @@ def run(settings: Settings) -> dict[str, Any]:
 
 def markdown(out: CoverageReport, built: ReleaseRepo) -> str:
     versions = ", ".join(f"{r.version} ({r.day})" for r in built.releases)
-    lines = [f"CPU lane on `{built.package}` releases {versions}, one a day (embedded model):", "",
-             "| day | symbols | covered | left out as too large |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"CPU lane on `{built.package}` releases {versions}, one a day (embedded model):",
+        "",
+        "| day | symbols | covered | left out as too large |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {d.day} | {d.symbols} | {d.covered} | {', '.join(d.too_large) or '-'} |" for d in out.days]
     full = out.days_to_full_coverage
-    lines += ["", f"Left out for size: {', '.join(out.left_out_for_size) or 'none'}; every symbol covered "
-              + (f"on day {full} ({out.full_coverage_on})" if full else "NOT within these days")]  # fmt: skip
+    lines += [
+        "",
+        f"Left out for size: {', '.join(out.left_out_for_size) or 'none'}; every symbol covered "
+        + (f"on day {full} ({out.full_coverage_on})" if full else "NOT within these days"),
+    ]
     return "\n".join(lines)

@@ -57,8 +57,9 @@ DOCS_VERSION = 1  # bump when the prompt, the checks or the gate change: remembe
 PROBE_PATH = ".lanes/doctest_probe.py"
 RESULTS_PATH = ".lanes/doctest_results.json"
 SANDBOX_ERROR = "sandbox_error"
-NO_SANDBOX = frozenset({"no_answer", "no_docstring", "not_inserted", "missing_parameter", "no_example",
-                        "unsafe"})  # fmt: skip
+NO_SANDBOX = frozenset(
+    {"no_answer", "no_docstring", "not_inserted", "missing_parameter", "no_example", "unsafe"}
+)
 
 
 class DocAnswer(Frozen):
@@ -87,8 +88,9 @@ class DocsResult(Frozen):
 
     @property
     def tally(self) -> TargetTally:
-        return TargetTally(target=self.symbol_id, sampled=len(self.answers),
-                           accepted=sum(a.accepted for a in self.answers))  # fmt: skip
+        return TargetTally(
+            target=self.symbol_id, sampled=len(self.answers), accepted=sum(a.accepted for a in self.answers)
+        )
 
 
 class AskedDocs(BaseModel):
@@ -217,8 +219,12 @@ def verify_doc_answer(judge: Judge, symbol: Symbol, file_source: str, sample: in
         documented = document(symbol, file_source, literal)
     except (DocstringError, SyntaxError) as exc:
         return DocAnswer(sample=sample, status="not_inserted", reason=str(exc)[:600], docstring=value)
-    common = {"sample": sample, "docstring": value, "documented": documented.symbol_source,
-              "diff": documented.diff}  # fmt: skip
+    common = {
+        "sample": sample,
+        "docstring": value,
+        "documented": documented.symbol_source,
+        "diff": documented.diff,
+    }
     missing = missing_parameters(symbol, value)
     if missing:
         return DocAnswer(status="missing_parameter", reason=f"does not name {', '.join(missing)}", **common)
@@ -268,9 +274,17 @@ def verify_docs_answers(
         for answer in answers:
             if answer.accepted and answer.docstring is not None and answer.docstring not in kept:
                 kept.append(answer.docstring)
-        results.append(DocsResult(symbol_id=symbol.id, path=symbol.path, module=symbol.module,
-                                  name=symbol.name, memo_key=symbol.memo_key, answers=answers,
-                                  accepted_docs=kept))  # fmt: skip
+        results.append(
+            DocsResult(
+                symbol_id=symbol.id,
+                path=symbol.path,
+                module=symbol.module,
+                name=symbol.name,
+                memo_key=symbol.memo_key,
+                answers=answers,
+                accepted_docs=kept,
+            )
+        )
     return results
 
 
@@ -321,23 +335,33 @@ class DocsDay:
         python, reason = repo_python(repo, snapshot.commit, self.data_dir) if targets else (None, "")
         results: list[DocsResult] = []
         if targets and not reason:
-            place = VerifyPlace(repo=repo, commit=snapshot.commit, limits=self.config.limits, python=python,
-                                isolation=isolation())  # fmt: skip
+            place = VerifyPlace(
+                repo=repo,
+                commit=snapshot.commit,
+                limits=self.config.limits,
+                python=python,
+                isolation=isolation(),
+            )
             results = self._results(place, targets, snapshot.repo_map, send)
             found = {r.symbol_id for r in results if r.accepted_docs}
             if not found <= accepted:
                 accepted |= found
                 self.register.put(register_key, {"accepted": sorted(accepted)})
-        coverage = DocsCoverage(repo=snapshot.repo, symbols=len(today.symbols),
-                                with_accepted_docs=sum(s.id in accepted for s in today.symbols),
-                                asked_today=len(targets), environment=reason)  # fmt: skip
+        coverage = DocsCoverage(
+            repo=snapshot.repo,
+            symbols=len(today.symbols),
+            with_accepted_docs=sum(s.id in accepted for s in today.symbols),
+            asked_today=len(targets),
+            environment=reason,
+        )
         return results, coverage
 
     def _key(self, symbol: Symbol, place: VerifyPlace) -> str:
         config = self.config
         asked = (config.model, config.samples, config.max_tokens, config.limits.model_dump())
-        return memo_key("symbol_docs", DOCS_VERSION, symbol.memo_key, place.commit, *asked,
-                        place.python is not None)  # fmt: skip
+        return memo_key(
+            "symbol_docs", DOCS_VERSION, symbol.memo_key, place.commit, *asked, place.python is not None
+        )
 
     def _results(
         self, place: VerifyPlace, targets: Sequence[Symbol], repo_map: str, send: Send

@@ -110,6 +110,10 @@ def document(symbol: Symbol, file_source: str, literal: str) -> Documented:
     first = min([start.lineno, *(d.lineno for d in start.decorator_list)])
     last = (start.end_lineno or start.lineno) + delta
     own = unindent("".join(lines[first - 1 : last]))[1]
-    return Documented(docstring=expected, literal=literal, file_source=new_source,
-                      symbol_source=own.rstrip("\n") + "\n",
-                      diff=unified_diff(symbol.path, file_source, new_source))  # fmt: skip
+    return Documented(
+        docstring=expected,
+        literal=literal,
+        file_source=new_source,
+        symbol_source=own.rstrip("\n") + "\n",
+        diff=unified_diff(symbol.path, file_source, new_source),
+    )

@@ -94,8 +94,15 @@ DocRejection = Literal[
     "fails_doctest",  # the examples do not pass in the sandbox (failure, error, timeout)
 ]
 DocStatus = Literal["accepted", "no_answer"] | DocRejection
-FURTHEST: tuple[DocStatus, ...] = ("fails_doctest", "unsafe", "no_example", "missing_parameter",
-                                   "not_inserted", "no_docstring", "no_answer")  # fmt: skip
+FURTHEST: tuple[DocStatus, ...] = (
+    "fails_doctest",
+    "unsafe",
+    "no_example",
+    "missing_parameter",
+    "not_inserted",
+    "no_docstring",
+    "no_answer",
+)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -121,8 +128,11 @@ def parameters(symbol: Symbol) -> list[str]:
         if init is None:
             if not _is_dataclass(node):
                 return []
-            return [s.target.id for s in node.body
-                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]  # fmt: skip
+            return [
+                s.target.id
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            ]
         node = init
     args = node.args
     names = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]

@@ -75,9 +75,13 @@ def cpu_test_path(function: HeldOutFunction, index: int) -> str:
 
 
 def _candidates(
-    repo: str, location: Path, commit: str, held: Sequence[Symbol], tests: Mapping[str, str],
+    repo: str,
+    location: Path,
+    commit: str,
+    held: Sequence[Symbol],
+    tests: Mapping[str, str],
     accepted: Mapping[str, list[str]],
-) -> list[HeldOutFunction]:  # fmt: skip
+) -> list[HeldOutFunction]:
     return [
         HeldOutFunction(
             repo=repo,
@@ -110,15 +114,20 @@ class RepoHoldOut(BaseModel):
         [], description="files holding a skipped symbol that is held out: none of them trains (holdout.route)"
     )
     problem: str | None = Field(
-        None, description="why the tests gave no verdict (a hang killed at the time limit, a crash): no task "
+        None,
+        description="why the tests gave no verdict (a hang killed at the time limit, a crash): no task "
         "and nothing taught from this repository today, the other repositories go on",
-    )  # fmt: skip
+    )
 
 
 def _outcomes(
-    functions: list[HeldOutFunction], more_tests: Sequence[str], location: Path, commit: str,
-    limits: SandboxLimits, isolation: Isolation | None,
-) -> dict[str, str]:  # fmt: skip
+    functions: list[HeldOutFunction],
+    more_tests: Sequence[str],
+    location: Path,
+    commit: str,
+    limits: SandboxLimits,
+    isolation: Isolation | None,
+) -> dict[str, str]:
     """node id -> outcome, for every test that judges a held-out function or vouches for a taught one, in
     one sandboxed pytest run at the commit."""
     wanted = sorted({t for f in functions for t in f.repo_tests} | set(more_tests))
@@ -173,15 +182,22 @@ def held_out_of_repo(
     since = None if teach_all else snapshot.previous_commit
     before = symbols_at(location, since, paths).symbols if since else []
     held = held_out_symbols(snapshot.repo, today.symbols, percent)
-    skipped = {"skipped": today.skipped,
-               "unmaskable": sorted({i.split("::", 1)[0] for i in today.skipped
-                                     if is_held_out(snapshot.repo, i, percent)})}  # fmt: skip
+    skipped = {
+        "skipped": today.skipped,
+        "unmaskable": sorted(
+            {i.split("::", 1)[0] for i in today.skipped if is_held_out(snapshot.repo, i, percent)}
+        ),
+    }
     functions = _candidates(snapshot.repo, location, snapshot.commit, held, today.test_sources, accepted)
     fresh = {s.id: calling_tests(today.test_sources, s.name) for s in fresh_functions(before, today.symbols)}
     outcomes = _outcomes(
-        functions, sorted({t for tests in fresh.values() for t in tests}), location, snapshot.commit, limits,
+        functions,
+        sorted({t for tests in fresh.values() for t in tests}),
+        location,
+        snapshot.commit,
+        limits,
         isolation,
-    )  # fmt: skip
+    )
     # Only tests that were run can give no report: held-out functions that no test calls (a suite of
     # unittest classes) and fresh functions without calling tests run nothing, which is not a problem.
     wanted = any(f.repo_tests or f.cpu_tests for f in functions) or any(fresh.values())

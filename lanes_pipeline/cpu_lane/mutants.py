@@ -102,8 +102,11 @@ def _body_edit(function: _Function, lines: Sequence[str], statement: str) -> _Ed
         # A decorated nested def starts at its first decorator's line; its `@` sits at the def's indentation.
         decorators = getattr(first, "decorator_list", [])
         line = decorators[0].lineno if decorators else first.lineno
-        return _Edit(start=position(line, first.col_offset),
-                     end=position(last.end_lineno, last.end_col_offset), text=statement)  # fmt: skip
+        return _Edit(
+            start=position(line, first.col_offset),
+            end=position(last.end_lineno, last.end_col_offset),
+            text=statement,
+        )
     docstring = function.body[0]
     assert docstring.end_lineno is not None and docstring.end_col_offset is not None
     end = position(docstring.end_lineno, docstring.end_col_offset)

@@ -202,8 +202,13 @@ def dependency_files_at(repo: Path, commit: str) -> dict[str, str]:
 def python_version(python: str) -> str:
     if python == sys.executable:
         return sys.version
-    return subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True,
-                          check=True, timeout=60).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        [python, "-c", "import sys; print(sys.version)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
 
 
 def env_key(spec: DependencySpec, python: str, allow_sdist: bool) -> str:
@@ -238,9 +243,25 @@ def _commands(
         install = [uv, "pip", "install", "--python", env_python, *binary, "-r", str(reqs)]
         return [("venv", [uv, "venv", "--quiet", "--python", python, str(target)]), ("install", install)]
     # The host's pip installs into the new environment (`pip --python`): no ensurepip, seconds faster.
-    return [("venv", [python, "-m", "venv", "--without-pip", str(target)]),
-            ("install", [sys.executable, "-m", "pip", "--python", env_python, "install", "--no-input",
-                         "--disable-pip-version-check", *binary, "-r", str(reqs)])]  # fmt: skip
+    return [
+        ("venv", [python, "-m", "venv", "--without-pip", str(target)]),
+        (
+            "install",
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                env_python,
+                "install",
+                "--no-input",
+                "--disable-pip-version-check",
+                *binary,
+                "-r",
+                str(reqs),
+            ],
+        ),
+    ]
 
 
 def _run_logged(argv: Sequence[str], log: Path, timeout_s: float) -> str:
@@ -280,8 +301,13 @@ def ensure_env(
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         if (final / ".lanes-env.json").is_file():
             manifest = json.loads((final / ".lanes-env.json").read_text(encoding="utf-8"))
-            return EnvResult(ok=True, python=str(final / "bin" / "python"), builder=manifest["builder"],
-                             reused=True, **common)  # fmt: skip
+            return EnvResult(
+                ok=True,
+                python=str(final / "bin" / "python"),
+                builder=manifest["builder"],
+                reused=True,
+                **common,
+            )
         if failed.is_file() and time.time() - failed.stat().st_mtime < retry_failed_after_s:
             record = json.loads(failed.read_text(encoding="utf-8"))
             return EnvResult(
@@ -290,8 +316,16 @@ def ensure_env(
         return _build(spec, python, final, failed, log, timeout_s, allow_sdist, common)
 
 
-def _build(spec: DependencySpec, python: str, final: Path, failed: Path, log: Path, timeout_s: float,
-           allow_sdist: bool, common: dict[str, object]) -> EnvResult:  # fmt: skip
+def _build(
+    spec: DependencySpec,
+    python: str,
+    final: Path,
+    failed: Path,
+    log: Path,
+    timeout_s: float,
+    allow_sdist: bool,
+    common: dict[str, object],
+) -> EnvResult:
     uv = find_uv()
     builder: Literal["uv", "pip"] = "uv" if uv else "pip"
     building = final.with_name(f".build-{final.name}-{os.getpid()}")

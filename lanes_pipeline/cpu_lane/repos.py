@@ -139,9 +139,23 @@ LANGUAGES = {
     ".txt": "text",
 }
 VENDORED_DIRS = frozenset(
-    {"vendor", "vendored", "_vendor", "third_party", "thirdparty", "node_modules", "site-packages", ".venv",
-     "venv", "dist", "build", "__pycache__", ".tox", ".eggs"}
-)  # fmt: skip
+    {
+        "vendor",
+        "vendored",
+        "_vendor",
+        "third_party",
+        "thirdparty",
+        "node_modules",
+        "site-packages",
+        ".venv",
+        "venv",
+        "dist",
+        "build",
+        "__pycache__",
+        ".tox",
+        ".eggs",
+    }
+)
 VENDORED_SUFFIXES = (".min.js", ".min.css", ".lock", "-lock.json")
 
 
@@ -212,8 +226,9 @@ def select_files(
         if reason is not None:
             left_out.append(LeftOut(path=entry.path, reason=reason, detail=detail))
         else:
-            files.append(FileEntry(path=entry.path, blob=entry.blob, language=language_of(entry.path),
-                                   size=entry.size))  # fmt: skip
+            files.append(
+                FileEntry(path=entry.path, blob=entry.blob, language=language_of(entry.path), size=entry.size)
+            )
     return files, left_out, len(entries) - len(included)
 
 
@@ -411,8 +426,10 @@ def _gitignores(repo: Path, entries: Sequence[TreeEntry]) -> dict[str, str]:
     files = {e.blob: e.path for e in entries if PurePosixPath(e.path).name == ".gitignore"}
     texts = read_blobs(repo, files)
     folders = {blob: str(PurePosixPath(path).parent) for blob, path in files.items()}
-    return {("" if folder == "." else folder): texts[blob].decode("utf-8", "replace")
-            for blob, folder in folders.items()}  # fmt: skip
+    return {
+        ("" if folder == "." else folder): texts[blob].decode("utf-8", "replace")
+        for blob, folder in folders.items()
+    }
 
 
 def selected_files(
@@ -498,8 +515,13 @@ def build_history(repo: Path, commits: Sequence[CommitSpec], author: str = "Samp
             target.write_text(text, encoding="utf-8")
             git(repo, "add", "--force", "--", rel)  # the spec is the tree: even ignored paths
         stamp = spec.when.isoformat()
-        env = {"GIT_AUTHOR_NAME": author, "GIT_AUTHOR_EMAIL": "sample@example.invalid",
-               "GIT_COMMITTER_NAME": author, "GIT_COMMITTER_EMAIL": "sample@example.invalid",
-               "GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp}  # fmt: skip
+        env = {
+            "GIT_AUTHOR_NAME": author,
+            "GIT_AUTHOR_EMAIL": "sample@example.invalid",
+            "GIT_COMMITTER_NAME": author,
+            "GIT_COMMITTER_EMAIL": "sample@example.invalid",
+            "GIT_AUTHOR_DATE": stamp,
+            "GIT_COMMITTER_DATE": stamp,
+        }
         git(repo, "-c", "commit.gpgsign=false", "commit", "-q", "--allow-empty", "-m", spec.message, env=env)
     return git(repo, "rev-parse", "HEAD").decode().strip()

@@ -74,14 +74,53 @@ def safe_repo_path(path: str) -> bool:
 
 
 _BANNED_MODULES = frozenset(
-    {"subprocess", "socket", "ctypes", "multiprocessing", "shutil", "urllib", "http", "requests", "httpx",
-     "asyncio.subprocess", "pty", "signal", "resource", "importlib", "pickle", "marshal", "ftplib", "smtplib",
-     "telnetlib", "webbrowser"}
-)  # fmt: skip
+    {
+        "subprocess",
+        "socket",
+        "ctypes",
+        "multiprocessing",
+        "shutil",
+        "urllib",
+        "http",
+        "requests",
+        "httpx",
+        "asyncio.subprocess",
+        "pty",
+        "signal",
+        "resource",
+        "importlib",
+        "pickle",
+        "marshal",
+        "ftplib",
+        "smtplib",
+        "telnetlib",
+        "webbrowser",
+    }
+)
 _BANNED_OS_CALLS = frozenset(
-    {"system", "popen", "fork", "forkpty", "kill", "killpg", "_exit", "remove", "unlink", "rmdir",
-     "removedirs", "rename", "replace", "chmod", "chown", "setuid", "putenv", "symlink", "link", "truncate"}
-)  # fmt: skip
+    {
+        "system",
+        "popen",
+        "fork",
+        "forkpty",
+        "kill",
+        "killpg",
+        "_exit",
+        "remove",
+        "unlink",
+        "rmdir",
+        "removedirs",
+        "rename",
+        "replace",
+        "chmod",
+        "chown",
+        "setuid",
+        "putenv",
+        "symlink",
+        "link",
+        "truncate",
+    }
+)
 _BANNED_BUILTINS = frozenset({"eval", "exec", "compile", "__import__", "breakpoint", "input", "exit", "quit"})
 
 

@@ -435,8 +435,20 @@ def _pytest_with_report(
 ) -> tuple[CommandResult, dict[str, object] | None]:
     report_path = sandbox.scratch / f"report-{run_index}.json"
     report_path.unlink(missing_ok=True)
-    argv = [python or sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-            "lanes_sandbox_report", "--rootdir", str(sandbox.worktree), "--", *targets]  # fmt: skip
+    argv = [
+        python or sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "lanes_sandbox_report",
+        "--rootdir",
+        str(sandbox.worktree),
+        "--",
+        *targets,
+    ]
     # A different hash seed on every run: order-dependent tests show up as flaky.
     result = sandbox.run(argv, {"LANES_SANDBOX_REPORT": str(report_path), "PYTHONHASHSEED": str(run_index)})
     report = None

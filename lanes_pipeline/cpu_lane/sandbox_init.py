@@ -125,8 +125,12 @@ def _dev(new_root: str) -> None:
         except PermissionError:  # rootless: no CAP_MKNOD in a user namespace; bind the host's node
             open(node, "w").close()
             _mount("--bind", f"/dev/{name}", node)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):  # fmt: skip
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, os.path.join(dev, name))
 
 

@@ -94,8 +94,14 @@ def select_day(register: Memo, snapshot: Snapshot, repo: Path, backlog_per_day: 
         raise ValueError(f"{snapshot.repo} has no commit on {snapshot.day}: no symbols to select")
     paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
     today = symbols_at(repo, snapshot.commit, paths)
-    selection_key = memo_key("tests_selection", DAY_VERSION, snapshot.repo, snapshot.day.isoformat(),
-                             snapshot.commit, backlog_per_day)  # fmt: skip
+    selection_key = memo_key(
+        "tests_selection",
+        DAY_VERSION,
+        snapshot.repo,
+        snapshot.day.isoformat(),
+        snapshot.commit,
+        backlog_per_day,
+    )
     chosen = register.get(selection_key)
     if chosen is None:
         _, covered, _ = register_of(register, snapshot.repo)
@@ -127,8 +133,13 @@ class SymbolTestDay:
         python, reason = self._environment(repo, snapshot.commit)
         results: list[SymbolTestResult] = []
         if not reason:
-            place = VerifyPlace(repo=repo, commit=snapshot.commit, limits=self.config.limits, python=python,
-                                isolation=isolation() if targets else None)  # fmt: skip
+            place = VerifyPlace(
+                repo=repo,
+                commit=snapshot.commit,
+                limits=self.config.limits,
+                python=python,
+                isolation=isolation() if targets else None,
+            )
             results = self._results(place, targets, snapshot.repo_map, today.test_sources, send)
             covered |= {s.memo_key for s in targets}
             accepted |= {r.symbol_id for r in results if r.accepted_tests}
@@ -175,8 +186,15 @@ class SymbolTestDay:
         known = {i: self.results.get(k) for i, k in keys.items()}
         missing = [s for s in targets if known[s.id] is None]
         if missing:
-            found, batch = run_symbol_tests(send, place, missing, repo_map, test_sources, self.config.samples,
-                                            max_tokens=self.config.max_tokens)  # fmt: skip
+            found, batch = run_symbol_tests(
+                send,
+                place,
+                missing,
+                repo_map,
+                test_sources,
+                self.config.samples,
+                max_tokens=self.config.max_tokens,
+            )
             if batch is not None:
                 self.batches.append(batch)
                 self.asked += len(batch.results)

@@ -141,8 +141,9 @@ class SymbolTestResult(Frozen):
 
     @property
     def tally(self) -> TargetTally:
-        return TargetTally(target=self.symbol_id, sampled=len(self.answers),
-                           accepted=sum(a.accepted for a in self.answers))  # fmt: skip
+        return TargetTally(
+            target=self.symbol_id, sampled=len(self.answers), accepted=sum(a.accepted for a in self.answers)
+        )
 
 
 class VerifyPlace(Frozen):
@@ -333,8 +334,9 @@ def verify_answer(
         reason = "; ".join(parsed.rejected[:3]) or f"no call of {symbol.name} in the answer"
         return AnswerVerdict(sample=sample, status="no_calls", reason=reason[:600])
     where = (place.repo, place.commit)
-    run = observe_calls(*where, symbol.module, symbol.name, parsed.calls, place.limits, place.isolation,
-                        place.python)  # fmt: skip
+    run = observe_calls(
+        *where, symbol.module, symbol.name, parsed.calls, place.limits, place.isolation, place.python
+    )
     common = {"sample": sample, "calls": parsed.calls}
     if run.outcome != "ok" and not run.usable:
         return AnswerVerdict(status="probe_failed", reason=f"{run.outcome}: {run.detail}"[:600], **common)
@@ -395,9 +397,18 @@ def verify_symbol_answers(
         for verdict in verdicts:
             if verdict.accepted and verdict.test_code is not None and verdict.test_code not in kept:
                 kept.append(verdict.test_code)
-        results.append(SymbolTestResult(symbol_id=symbol.id, path=symbol.path, module=symbol.module,
-                                        name=symbol.name, memo_key=symbol.memo_key, style=style,
-                                        answers=verdicts, accepted_tests=kept))  # fmt: skip
+        results.append(
+            SymbolTestResult(
+                symbol_id=symbol.id,
+                path=symbol.path,
+                module=symbol.module,
+                name=symbol.name,
+                memo_key=symbol.memo_key,
+                style=style,
+                answers=verdicts,
+                accepted_tests=kept,
+            )
+        )
     return results
 
 

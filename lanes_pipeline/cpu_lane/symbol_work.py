@@ -61,8 +61,14 @@ def symbols_at(repo: Path, commit: str, paths: Collection[str] | None = None) ->
     skipped = {s.id: problem for s in scanned if (problem := symbol_problem(s)) is not None}
     symbols = [s for s in scanned if s.id not in skipped]
     references = reference_counts({**sources, **test_sources}, symbols)
-    return SymbolsAt(commit=commit, symbols=symbols, left_out=left_out, test_sources=test_sources,
-                     references=references, skipped=skipped)  # fmt: skip
+    return SymbolsAt(
+        commit=commit,
+        symbols=symbols,
+        left_out=left_out,
+        test_sources=test_sources,
+        references=references,
+        skipped=skipped,
+    )
 
 
 def day_work(

@@ -317,9 +317,15 @@ class _Resolver:
         owner = func.value.id
         if owner in {"self", "cls"} and enclosing is not None:
             method = next(
-                (m for m in enclosing.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)
-                 and m.name == func.attr and m is not node), None,
-            )  # fmt: skip
+                (
+                    m
+                    for m in enclosing.body
+                    if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and m.name == func.attr
+                    and m is not node
+                ),
+                None,
+            )
             return stub(method, f"{self.module}.{enclosing.name}") if method is not None else None
         if owner in self.modules and self.repo is not None:
             return self.repo.stub(self.modules[owner], func.attr)
@@ -389,9 +395,21 @@ def extract_symbols(
         text = _segment(lines, first, last)
         callees = resolver.stubs(node, enclosing)
         key = memo_key(kind, module, name, text, [*imports, header, *callees])
-        symbols.append(Symbol(kind=kind, name=name, path=path, module=module, start_line=first,
-                              end_line=last, source=text, imports=imports, class_header=header,
-                              callees=callees, memo_key=key))  # fmt: skip
+        symbols.append(
+            Symbol(
+                kind=kind,
+                name=name,
+                path=path,
+                module=module,
+                start_line=first,
+                end_line=last,
+                source=text,
+                imports=imports,
+                class_header=header,
+                callees=callees,
+                memo_key=key,
+            )
+        )
 
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

@@ -345,10 +345,21 @@ def _unpack_sdist(build: IkBuild, log: IO[str], log_path: Path) -> Path:
     sdist_dir, src_dir = build.root() / "sdist", build.root() / "src"
     _run_logged(
         "download",
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", build.requirement,
-         "-d", str(sdist_dir)],
-        log, log_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            build.requirement,
+            "-d",
+            str(sdist_dir),
+        ],
+        log,
+        log_path,
+    )
     name = build.requirement.split("==")[0].replace("-", "_")
     archives = sorted(sdist_dir.glob(f"{name}-*.tar.gz"))
     if not archives:
@@ -388,8 +399,9 @@ def _build_ik(build: IkBuild, log_path: Path) -> None:
         _run_logged(
             "build",
             ["cmake", "--build", str(build_dir), "--target", build.target, "-j", _build_jobs()],
-            log, log_path,
-        )  # fmt: skip
+            log,
+            log_path,
+        )
         shutil.rmtree(bin_dir, ignore_errors=True)
         bin_dir.mkdir(parents=True)
         for relative in ("bin/llama-server", *IK_SHARED_LIBS):

@@ -52,8 +52,10 @@ class ExecutedTasks:
     limits: SandboxLimits
 
     def fingerprint(self) -> str:
-        names = {"repo": [task_name(f) + f.commit for f in self.functions],
-                 "humaneval": [p.task_id for p in self.problems]}  # fmt: skip
+        names = {
+            "repo": [task_name(f) + f.commit for f in self.functions],
+            "humaneval": [p.task_id for p in self.problems],
+        }
         return sha256_bytes(canonical_json(names))[:16]
 
 

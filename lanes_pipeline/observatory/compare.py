@@ -8,8 +8,21 @@ from pydantic import BaseModel, ConfigDict
 
 from lanes_pipeline.observatory.registry import TrialRecord
 
-COLUMNS = ("trial", "model", "quant", "lane", "threads/slots", "TTFT s", "PP tok/s", "TG tok/s",
-           "TG@slots", "p95 s", "prefix hit", "PF", "interference")  # fmt: skip
+COLUMNS = (
+    "trial",
+    "model",
+    "quant",
+    "lane",
+    "threads/slots",
+    "TTFT s",
+    "PP tok/s",
+    "TG tok/s",
+    "TG@slots",
+    "p95 s",
+    "prefix hit",
+    "PF",
+    "interference",
+)
 
 
 class CompareRow(BaseModel):
@@ -68,10 +81,15 @@ def _pct(value: float | None) -> str:
 def cells(row: CompareRow) -> list[str]:
     threads = "-" if row.threads is None else str(row.threads)
     figures = [
-        _num(row.ttft_s), _num(row.prompt_tok_s, 1), _num(row.generation_tok_s, 1),
-        _num(row.generation_tok_s_slots, 1), _num(row.p95_s), _pct(row.prefix_hit), _num(row.pf, 1),
+        _num(row.ttft_s),
+        _num(row.prompt_tok_s, 1),
+        _num(row.generation_tok_s, 1),
+        _num(row.generation_tok_s_slots, 1),
+        _num(row.p95_s),
+        _pct(row.prefix_hit),
+        _num(row.pf, 1),
         _num(row.interference),
-    ]  # fmt: skip
+    ]
     if row.error:
         figures = [f"FAILED: {row.error[:60]}"] + [""] * (len(figures) - 1)
     lane = f"{row.lane} ({row.engine})" if row.engine else row.lane

@@ -68,8 +68,10 @@ def test_the_send_log_reads_the_cache_at_send_time_and_marks_the_open_requests(t
     assert log.mark_killed() == 2
     log.end(again, answered=False)
     assert [(s.item, s.committed_before, s.in_flight_at_kill) for s in log.sends] == [
-        ("q1", False, False), ("q1", True, True), ("q2", False, True),
-    ]  # fmt: skip
+        ("q1", False, False),
+        ("q1", True, True),
+        ("q2", False, True),
+    ]
     assert log.sends[other].answered is False and log.sends[first].answered is True
     try:
         log.begin(_chat("three"))
@@ -117,9 +119,12 @@ def test_registry_state_checks_folders_alias_and_what_vllm_serves_apart(tmp_path
     registry.set_status("v1", "promoted")
     registry.record_alias("cur", "v1", "drill")
     assert registry_state(registry, "cur", str(one)) == {
-        "consistent": True, "problems": [], "alias_target": "v1", "served_matches_registry": True,
+        "consistent": True,
+        "problems": [],
+        "alias_target": "v1",
+        "served_matches_registry": True,
         "serving_problem": None,
-    }  # fmt: skip
+    }
     moved = registry_state(registry, "cur", str(two))  # vLLM moved, the registry not told
     assert moved["consistent"] and moved["served_matches_registry"] is False
     assert moved["serving_problem"] == f"vLLM serves cur from {two}, the registry says {one}"

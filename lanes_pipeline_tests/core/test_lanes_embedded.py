@@ -208,9 +208,13 @@ def test_lanes_run_prints_answer_and_speed_of_each_real_lane(
     data folder and instance (test_daily_run.py covers the whole day; here a day without training rows)."""
     # Every symbol held out: the day's "write the body" rows all go to eval, none to training.
     project = daily_project(
-        tmp_path, settings, cpu_server.url, gpu_server.url, seed_earlier_day=False,
+        tmp_path,
+        settings,
+        cpu_server.url,
+        gpu_server.url,
+        seed_earlier_day=False,
         dataset={"held_out_percent": 100},
-    )  # fmt: skip
+    )
     for name, value in project.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("lanes_pipeline.definitions.defs", lambda: build_definitions(load_settings()))

@@ -30,10 +30,24 @@ from lanes_pipeline_tests.cpu_lane.hostile_corpus_code import DIFFS, DOCSTRINGS
 
 Stage = Literal["analysis", "test", "diff", "docstring"]
 Category = Literal[
-    "prompt_injection", "path_traversal", "absolute_path", "process", "network", "ctypes", "dynamic_code",
-    "fork_bomb", "memory", "huge_output", "secret", "no_target", "write_outside", "read_host",
-    "infinite_loop", "delete_files", "malformed",
-]  # fmt: skip
+    "prompt_injection",
+    "path_traversal",
+    "absolute_path",
+    "process",
+    "network",
+    "ctypes",
+    "dynamic_code",
+    "fork_bomb",
+    "memory",
+    "huge_output",
+    "secret",
+    "no_target",
+    "write_outside",
+    "read_host",
+    "infinite_loop",
+    "delete_files",
+    "malformed",
+]
 
 CANARY_PREFIX = "/tmp/lanes_hostile_canary"
 HOME_CANARY = "/root/.lanes_hostile_canary"

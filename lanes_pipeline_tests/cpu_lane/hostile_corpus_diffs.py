@@ -13,9 +13,14 @@ Row = tuple[str | None, tuple[str, Any, str, tuple[str, ...]]]
 
 # git apply anchors a hunk with no context after its additions at the end of the file: each aimed hunk
 # ends with the file's next line as context (mathbits.py of day 1, by the hunk's first line).
-NEXT_LINE = {15: "    return all(n % d for d in range(2, math.isqrt(n) + 1))", 22: "    while b:",
-             30: "    return abs(a * b) // gcd(a, b)", 42: "    return sum(values) / len(values)",
-             64: "    for k in range(2, n + 1):", 72: "    for _ in range(n):"}  # fmt: skip
+NEXT_LINE = {
+    15: "    return all(n % d for d in range(2, math.isqrt(n) + 1))",
+    22: "    while b:",
+    30: "    return abs(a * b) // gcd(a, b)",
+    42: "    return sum(values) / len(values)",
+    64: "    for k in range(2, n + 1):",
+    72: "    for _ in range(n):",
+}
 
 
 def _diff(start: int, old: list[str], new: list[str], path: str = MATH) -> str:

@@ -60,8 +60,9 @@ def test_covered_by_memo_key_counts_and_a_changed_symbol_already_seen_in_this_fo
 
 def test_coverage_per_repository() -> None:
     ids = [s.id for s in SYMBOLS]
-    figures = coverage("stdlib", SYMBOLS, analysed=set(ids[:10]), tested={SYMBOLS[0].memo_key},
-                       proposed=set())  # fmt: skip
+    figures = coverage(
+        "stdlib", SYMBOLS, analysed=set(ids[:10]), tested={SYMBOLS[0].memo_key}, proposed=set()
+    )
     assert (figures.symbols, figures.analysed, figures.with_accepted_test) == (len(SYMBOLS), 10, 1)
     assert figures.with_accepted_proposal == 0
     assert figures.share("analysed") == round(10 / len(SYMBOLS), 4)

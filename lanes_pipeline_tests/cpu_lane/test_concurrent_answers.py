@@ -52,8 +52,15 @@ def test_two_runs_asking_at_once_use_one_answer(tmp_path: Path) -> None:
 
 def test_an_entry_read_before_the_run_is_replaced_one_committed_since_is_kept(tmp_path: Path) -> None:
     def entry(text: str, created_at: float, read_at: float = 0.0) -> CacheEntry:
-        return CacheEntry(key="k", fingerprint="f", item_id="i", text=text, metrics={}, created_at=created_at,
-                          read_at=read_at)  # fmt: skip
+        return CacheEntry(
+            key="k",
+            fingerprint="f",
+            item_id="i",
+            text=text,
+            metrics={},
+            created_at=created_at,
+            read_at=read_at,
+        )
 
     with ResponseCache(tmp_path / "c.sqlite3") as cache:
         cache.put(entry("stale", created_at=10.0))

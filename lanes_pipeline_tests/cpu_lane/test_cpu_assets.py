@@ -354,8 +354,11 @@ def test_cpu_lane_assets_are_registered_daily_with_their_pool_and_checks() -> No
         "lora_dataset": set(),
     }
     checks = {(key.asset_key.to_user_string(), key.name) for key in graph.asset_check_keys}
-    assert {("lora_dataset", "lora_dataset_has_no_secrets"), ("lora_dataset", "lora_dataset_has_rows"),
-            ("repo_analysis", "repo_analysis_parse_rate")} <= checks  # fmt: skip
+    assert {
+        ("lora_dataset", "lora_dataset_has_no_secrets"),
+        ("lora_dataset", "lora_dataset_has_rows"),
+        ("repo_analysis", "repo_analysis_parse_rate"),
+    } <= checks
     assert "pipeline_settings" in (defs.resources or {})
 
 

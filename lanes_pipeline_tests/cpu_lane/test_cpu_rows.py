@@ -36,9 +36,14 @@ def test_rows_keep_the_json_shape() -> None:
         repo="r", path="a.py", module="a", test_file="test_a.py", code=None, verdict="no_answer", reason="x"
     )
     assert no_answer.model_dump(mode="json") == {
-        "repo": "r", "path": "a.py", "module": "a", "test_file": "test_a.py", "code": None,
-        "verdict": "no_answer", "reason": "x",
-    }  # fmt: skip
+        "repo": "r",
+        "path": "a.py",
+        "module": "a",
+        "test_file": "test_a.py",
+        "code": None,
+        "verdict": "no_answer",
+        "reason": "x",
+    }
     assert RememberedAnswer(answer="text").model_dump() == {"answer": "text"}
     assert read_rows(AnalysisRow, [repo], "x.json") == [AnalysisRow.model_validate(repo)]
 

@@ -28,8 +28,14 @@ def test_the_workload_is_the_sample_days_then_a_fixture_day_with_one_shared_pref
 
 
 def test_targets_and_report() -> None:
-    row = {"generation_tok_s": 30.0, "prompt_tok_s": 90.0, "prefix_reuse": 0.5, "prefix_reuse_limit": 0.6,
-           "parsed": 19, "analyses": 20}  # fmt: skip
+    row = {
+        "generation_tok_s": 30.0,
+        "prompt_tok_s": 90.0,
+        "prefix_reuse": 0.5,
+        "prefix_reuse_limit": 0.6,
+        "parsed": 19,
+        "analyses": 20,
+    }
     servers = [
         {**row, "server": "ik_llama", "analysis_parse_rate": 0.95},
         {**row, "server": "llama_cpp", "analysis_parse_rate": 1.0},

@@ -18,8 +18,14 @@ def test_the_report_has_every_kind_the_targets_and_the_gap() -> None:
     out = report(kinds, {"train": 30, "eval": 3}, [], [], sample_days())
     assert sample_days() == ["2026-11-01", "2026-11-02", "2026-11-03"]
     for name in KINDS:
-        assert set(out[name]) >= {"asked", "sampled", "accepted", "targets_with_accepted", "pass_at_1",
-                                  "pass_at_n"}  # fmt: skip
+        assert set(out[name]) >= {
+            "asked",
+            "sampled",
+            "accepted",
+            "targets_with_accepted",
+            "pass_at_1",
+            "pass_at_n",
+        }
     assert out["docs"]["note"] == "not implemented" and out["docs"]["asked"] == 0
     assert (
         "note" not in out["tests"] and out["tests"]["pass_at_1"] == 0.125 and out["tests"]["pass_at_n"] == 0.5

@@ -95,8 +95,10 @@ def test_exact_and_near_duplicates_are_removed(count: TokenCounter) -> None:
     )
     assert sorted(d.reason for d in shaped.dropped) == ["duplicate", "near_duplicate"]
     assert sorted(r.task for r in shaped.train + shaped.eval) == ["explain", "write_tests"]
-    records = [render(_explain("x.py", "alpha beta gamma delta epsilon zeta"), SYSTEM),
-               render(_explain("y.py", "one two three four five six seven"), SYSTEM)]  # fmt: skip
+    records = [
+        render(_explain("x.py", "alpha beta gamma delta epsilon zeta"), SYSTEM),
+        render(_explain("y.py", "one two three four five six seven"), SYSTEM),
+    ]
     assert near_duplicates(records, 0.85) == {}
 
 
@@ -142,20 +144,49 @@ def test_saved_dataset_is_byte_identical_and_follows_the_contract(
 
 
 def test_only_accepted_results_become_candidates() -> None:
-    analysis = FileAnalysis(summary="Computes areas.", public_api=["area"], risks=["negative sizes"],
-                            test_ideas=["zero width"], complexity="low")  # fmt: skip
-    analyses = [AnalysisRow(repo="r", commit="c", files=[
-        FileAnalysisRow(path="a.py", blob="1", status="ok", accepted=True, analysis=analysis, reason=""),
-        FileAnalysisRow(path="b.py", blob="2", status="ok", accepted=False, analysis=analysis,
-                        reason="repeats itself"),
-        FileAnalysisRow(path="old.py", blob="3", status="ok", accepted=True, analysis=analysis, reason=""),
-        FileAnalysisRow(path="c.py", blob="4", status="unparseable", reason="not JSON"),
-    ])]  # fmt: skip
+    analysis = FileAnalysis(
+        summary="Computes areas.",
+        public_api=["area"],
+        risks=["negative sizes"],
+        test_ideas=["zero width"],
+        complexity="low",
+    )
+    analyses = [
+        AnalysisRow(
+            repo="r",
+            commit="c",
+            files=[
+                FileAnalysisRow(
+                    path="a.py", blob="1", status="ok", accepted=True, analysis=analysis, reason=""
+                ),
+                FileAnalysisRow(
+                    path="b.py",
+                    blob="2",
+                    status="ok",
+                    accepted=False,
+                    analysis=analysis,
+                    reason="repeats itself",
+                ),
+                FileAnalysisRow(
+                    path="old.py", blob="3", status="ok", accepted=True, analysis=analysis, reason=""
+                ),
+                FileAnalysisRow(path="c.py", blob="4", status="unparseable", reason="not JSON"),
+            ],
+        )
+    ]
 
     def test(path: str, verdict: TestRowVerdict, code: str) -> GeneratedTestRow:
         module = path.removesuffix(".py")
-        return GeneratedTestRow(repo="r", path=path, module=module, test_file=f"test_{path}", code=code,
-                                verdict=verdict, reason="", runs=[])  # fmt: skip
+        return GeneratedTestRow(
+            repo="r",
+            path=path,
+            module=module,
+            test_file=f"test_{path}",
+            code=code,
+            verdict=verdict,
+            reason="",
+            runs=[],
+        )
 
     tests = [
         test("a.py", "passed", "from a import area\n"),
@@ -168,8 +199,11 @@ def test_only_accepted_results_become_candidates() -> None:
     ]
     sources = {("r", p): CODE for p in ("a.py", "b.py", "c.py", "old.py")}
     found = candidates_of_day(analyses, tests, diffs, {"r": {"a.py", "b.py", "c.py"}}, sources)
-    assert [(c.task, c.path) for c in found] == [("explain", "a.py"), ("write_tests", "a.py"),
-                                                 ("refactor_diff", "a.py")]  # fmt: skip
+    assert [(c.task, c.path) for c in found] == [
+        ("explain", "a.py"),
+        ("write_tests", "a.py"),
+        ("refactor_diff", "a.py"),
+    ]
     assert "os.system" not in " ".join(c.answer for c in found)
     assert explanation(analysis).startswith("Summary: Computes areas.\nPublic API: area\nRisks:\n- negative")
 
@@ -181,12 +215,17 @@ def test_a_symbols_analysis_explains_that_symbol_with_its_context_whatever_chang
         ("r", "geo.py"): "import math\n\n\ndef area(r):\n    return math.pi * r * r\n\n\n"
         "def ring(r1, r2):\n    return area(r2) - area(r1)\n",
     }
-    analysis = FileAnalysis(summary="Area between circles.", public_api=["ring"], risks=[], test_ideas=[],
-                            complexity="low")  # fmt: skip
+    analysis = FileAnalysis(
+        summary="Area between circles.", public_api=["ring"], risks=[], test_ideas=[], complexity="low"
+    )
     ok = {"path": "geo.py", "blob": "1", "status": "ok", "accepted": True, "analysis": analysis}
-    rows = [AnalysisRow(repo="r", commit="c", files=[
-        FileAnalysisRow(**ok, symbol="ring"), FileAnalysisRow(**ok, symbol="gone")
-    ])]  # fmt: skip
+    rows = [
+        AnalysisRow(
+            repo="r",
+            commit="c",
+            files=[FileAnalysisRow(**ok, symbol="ring"), FileAnalysisRow(**ok, symbol="gone")],
+        )
+    ]
     [found] = candidates_of_day(rows, [], [], {}, sources)
     assert (found.task, found.symbol, found.code_is_file) == ("explain", "ring", False)
     assert "def ring(r1, r2):" in found.code and "import math" in found.code

@@ -226,9 +226,19 @@ def test_a_body_on_the_def_line_cannot_take_a_docstring() -> None:
 
 
 def doc_result_row(verdict: str, documented: str | None) -> GeneratedDocRow:
-    return GeneratedDocRow(repo="r", path="text.py", module="text", symbol="shout", verdict=verdict,  # type: ignore[arg-type]
-                           reason="why", sampled=2, accepted_answers=1 if verdict == "accepted" else 0,
-                           docstring="Shout.", documented=documented, diff="d")  # fmt: skip
+    return GeneratedDocRow(
+        repo="r",
+        path="text.py",
+        module="text",
+        symbol="shout",
+        verdict=verdict,  # type: ignore[arg-type]
+        reason="why",
+        sampled=2,
+        accepted_answers=1 if verdict == "accepted" else 0,
+        docstring="Shout.",
+        documented=documented,
+        diff="d",
+    )
 
 
 def test_candidates_are_the_accepted_rows_with_the_documented_symbol() -> None:
@@ -260,14 +270,22 @@ def test_a_probe_run_reads_as_passed_failed_or_killed() -> None:
 
 def test_the_docs_kind_of_the_yield_benchmark_counts_sampled_and_accepted_answers(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path)
-    rows = {"2026-11-01": [doc_result_row("accepted", "x"), doc_result_row("fails_doctest", None)],
-            "2026-11-02": [doc_result_row("no_example", None)]}  # fmt: skip
+    rows = {
+        "2026-11-01": [doc_result_row("accepted", "x"), doc_result_row("fails_doctest", None)],
+        "2026-11-02": [doc_result_row("no_example", None)],
+    }
     for day, found in rows.items():
         data = json.dumps([r.model_dump(mode="json") for r in found]).encode()
         store.write_bytes(store.folder("generated_docs", day) / "results.json", data)
     figures = docs_yield(store, list(rows)).model_dump(exclude_none=True)
-    assert figures == {"asked": 3, "sampled": 6, "accepted": 1, "targets_with_accepted": 1,
-                       "pass_at_1": round(1 / 6, 4), "pass_at_n": round(1 / 3, 4)}  # fmt: skip
+    assert figures == {
+        "asked": 3,
+        "sampled": 6,
+        "accepted": 1,
+        "targets_with_accepted": 1,
+        "pass_at_1": round(1 / 6, 4),
+        "pass_at_n": round(1 / 3, 4),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -288,8 +306,12 @@ def answered(target: Symbol, sample: int, text: str) -> ItemResult:
 
 def test_the_sandbox_accepts_right_examples_and_rejects_wrong_or_hanging_ones(tmp_path: Path) -> None:
     repo, commit = tiny_repo(tmp_path / "repo")
-    place = VerifyPlace(repo=repo, commit=commit, limits=SandboxLimits(timeout_s=5, memory_mb=768, runs=2),
-                        isolation=detect_isolation())  # fmt: skip
+    place = VerifyPlace(
+        repo=repo,
+        commit=commit,
+        limits=SandboxLimits(timeout_s=5, memory_mb=768, runs=2),
+        isolation=detect_isolation(),
+    )
     shout = symbols()["shout"]
     no_times = GOOD.replace("        times: how often.\n", "").replace("times=2", "").replace("HI!HI!", "HI!")
     items = [answered(shout, i, text) for i, text in enumerate([GOOD, WRONG, no_times, GOOD, HANG])]
@@ -320,8 +342,10 @@ class FakeLane:
         self.asked: list[str] = []
 
     def __call__(self, requests: Sequence[BatchRequest]) -> BatchResult:
-        items = [ItemResult(index=i, id=r.id, key=str(i), status="ok", text=self.text)
-                 for i, r in enumerate(requests)]  # fmt: skip
+        items = [
+            ItemResult(index=i, id=r.id, key=str(i), status="ok", text=self.text)
+            for i, r in enumerate(requests)
+        ]
         self.asked += [r.id for r in requests]
         return BatchResult.model_construct(results=items, summary=summarize(items, 0.1), server=None)
 
@@ -329,27 +353,36 @@ class FakeLane:
 class RoundsLane:
     """Answers each round as a small model would: the summary alone, then the arguments, then an example."""
 
-    ROUNDS = ("Shout the text.\n    ", " what to shout.\n        times: how often.\n    ",
-              '"hi", times=2)\n        \'HI!HI!\'\n    ')  # fmt: skip
+    ROUNDS = (
+        "Shout the text.\n    ",
+        " what to shout.\n        times: how often.\n    ",
+        "\"hi\", times=2)\n        'HI!HI!'\n    ",
+    )
 
     def __init__(self) -> None:
         self.asked: list[BatchRequest] = []
 
     def __call__(self, requests: Sequence[BatchRequest]) -> BatchResult:
         self.asked += requests
-        items = [ItemResult(index=i, id=r.id, key=str(i), status="ok", text=self.ROUNDS[round_of(r.id)])
-                 for i, r in enumerate(requests)]  # fmt: skip
+        items = [
+            ItemResult(index=i, id=r.id, key=str(i), status="ok", text=self.ROUNDS[round_of(r.id)])
+            for i, r in enumerate(requests)
+        ]
         return BatchResult.model_construct(results=items, summary=summarize(items, 0.1), server=None)
 
 
 def test_sections_an_answer_left_out_are_opened_for_it_in_further_rounds(tmp_path: Path) -> None:
     repo, commit = tiny_repo(tmp_path / "repo")
-    place = VerifyPlace(repo=repo, commit=commit, limits=SandboxLimits(timeout_s=30, runs=1),
-                        isolation=detect_isolation())  # fmt: skip
+    place = VerifyPlace(
+        repo=repo, commit=commit, limits=SandboxLimits(timeout_s=30, runs=1), isolation=detect_isolation()
+    )
     shout, lane = symbols()["shout"], RoundsLane()
     results, batches = run_docs(lane, place, [shout], "map", samples=1)
-    assert [r.id for r in lane.asked] == ["docs:text.py::shout#s0", "docs:text.py::shout#s0+r1",
-                                          "docs:text.py::shout#s0+r2"] and len(batches) == 3  # fmt: skip
+    assert [r.id for r in lane.asked] == [
+        "docs:text.py::shout#s0",
+        "docs:text.py::shout#s0+r1",
+        "docs:text.py::shout#s0+r2",
+    ] and len(batches) == 3
     second, third = (r.messages[-1].content for r in lane.asked[1:])
     assert second == prefill(shout) + "Shout the text.\n\n    Args:\n        text:"
     assert third.endswith("times: how often.\n\n    Examples:\n        >>> shout(")
@@ -381,10 +414,19 @@ def test_a_round_that_fails_stands_for_its_sample_unless_it_was_only_too_long() 
 
 
 def snapshot_of(repo: Path, commit: str) -> Snapshot:
-    files = [FileEntry(path=e.path, blob=e.blob, language=language_of(e.path), size=e.size)
-             for e in ls_tree(repo, commit)]  # fmt: skip
-    return Snapshot(repo="tiny", day=datetime(2026, 11, 1).date(), branch="HEAD", commit=commit,
-                    previous_commit=None, files=files, repo_map="map")  # fmt: skip
+    files = [
+        FileEntry(path=e.path, blob=e.blob, language=language_of(e.path), size=e.size)
+        for e in ls_tree(repo, commit)
+    ]
+    return Snapshot(
+        repo="tiny",
+        day=datetime(2026, 11, 1).date(),
+        branch="HEAD",
+        commit=commit,
+        previous_commit=None,
+        files=files,
+        repo_map="map",
+    )
 
 
 def test_a_day_asks_the_chosen_symbols_once_and_a_rerun_asks_nothing(tmp_path: Path) -> None:
@@ -407,8 +449,19 @@ def test_a_day_asks_the_chosen_symbols_once_and_a_rerun_asks_nothing(tmp_path: P
 
 
 def test_generated_tests_rows_give_the_day_symbols_in_order() -> None:
-    rows = [GeneratedTestRow(repo="a", path="m.py", module="m", test_file="t", code=None, verdict="no_calls",
-                             reason="r", symbol=name) for name in ("g", "f")]  # fmt: skip
+    rows = [
+        GeneratedTestRow(
+            repo="a",
+            path="m.py",
+            module="m",
+            test_file="t",
+            code=None,
+            verdict="no_calls",
+            reason="r",
+            symbol=name,
+        )
+        for name in ("g", "f")
+    ]
     rows.append(rows[0].model_copy(update={"symbol": None}))
     assert day_symbols(rows) == {"a": ["m.py::g", "m.py::f"]}
 
@@ -429,14 +482,23 @@ def test_generated_docs_asks_the_lane_judges_every_answer_and_a_rerun_asks_nothi
     repos = {"repos": [{"name": "tiny", "path": str(repo), "include": ["**/*.py"]}]}
     write_config(config_dir / "repos.yaml", repos)
     pipeline = read_config(config_dir / "pipeline.yaml")
-    pipeline["cpu_assets"].update(samples_per_item=1, tests_max_tokens=64,
-                                  sandbox={"timeout_s": 20, "memory_mb": 768, "runs": 1})  # fmt: skip
+    pipeline["cpu_assets"].update(
+        samples_per_item=1, tests_max_tokens=64, sandbox={"timeout_s": 20, "memory_mb": 768, "runs": 1}
+    )
     write_config(config_dir / "pipeline.yaml", pipeline)
     store = ArtifactStore(tmp_path / "artifacts")
     day = "2026-11-01"
     # generated_tests' choice of the day, as it would have written it (its own tests cover how it chooses).
-    chosen = GeneratedTestRow(repo="tiny", path="text.py", module="text", test_file="t", code=None,
-                              verdict="no_calls", reason="r", symbol="shout")  # fmt: skip
+    chosen = GeneratedTestRow(
+        repo="tiny",
+        path="text.py",
+        module="text",
+        test_file="t",
+        code=None,
+        verdict="no_calls",
+        reason="r",
+        symbol="shout",
+    )
     chosen_json = json.dumps([chosen.model_dump(mode="json")])
     store.write_bytes(store.folder("generated_tests", day) / "results.json", chosen_json.encode())
     resources = {
@@ -450,8 +512,9 @@ def test_generated_docs_asks_the_lane_judges_every_answer_and_a_rerun_asks_nothi
     instance = DagsterInstance.ephemeral()
 
     def run(asset: str) -> dict[str, object]:
-        result = materialize(assets, resources=resources, partition_key=day, instance=instance,
-                             selection=[asset])  # fmt: skip
+        result = materialize(
+            assets, resources=resources, partition_key=day, instance=instance, selection=[asset]
+        )
         assert result.success
         [event] = result.get_asset_materialization_events()
         return {k: v.value for k, v in event.materialization.metadata.items()}
@@ -465,8 +528,15 @@ def test_generated_docs_asks_the_lane_judges_every_answer_and_a_rerun_asks_nothi
     assert first["docs/asked"] == 1 and first["docs/sampled"] == 1
     [row] = store.read_json("generated_docs", day, "results.json")
     assert row["symbol"] == "shout" and row["sampled"] == 1
-    assert row["verdict"] in {"accepted", "no_docstring", "not_inserted", "missing_parameter", "no_example",
-                              "unsafe", "fails_doctest"}, row  # fmt: skip
+    assert row["verdict"] in {
+        "accepted",
+        "no_docstring",
+        "not_inserted",
+        "missing_parameter",
+        "no_example",
+        "unsafe",
+        "fails_doctest",
+    }, row
     assert row["verdict"] == "accepted" or row["reason"]
     again = run("generated_docs")
     assert again["llm_requests"] == 0 and again["artifact_hash"] == first["artifact_hash"]

@@ -97,8 +97,13 @@ def test_bounds_stay_within_the_models_own_and_lists_keep_items_of_useful_length
 
 def test_the_grammar_rejects_what_the_model_rejects_and_json_a_loop_cannot_finish() -> None:
     pattern = gbnf_regex(grammar_for(FileAnalysis, 256))
-    good = {"summary": "Parses numbers.", "public_api": ["parse"], "risks": [], "test_ideas": [],
-            "complexity": "low"}  # fmt: skip
+    good = {
+        "summary": "Parses numbers.",
+        "public_api": ["parse"],
+        "risks": [],
+        "test_ideas": [],
+        "complexity": "low",
+    }
     assert pattern.fullmatch(compact(good))
     bad = [
         {**good, "summary": ""},  # min_length 1

@@ -115,8 +115,16 @@ def _configure(root: Path, settings: Settings) -> tuple[Path, Path]:
     build_history(repo, sample_repo.history()[:1])
     config_dir = root / "configs"
     shutil.copytree(settings.config_dir, config_dir)
-    repos = {"repos": [{"name": "sample", "path": str(repo), "include": ["**/*.py"],
-                        "exclude": ["**/__init__.py", "tests/**"]}]}  # fmt: skip
+    repos = {
+        "repos": [
+            {
+                "name": "sample",
+                "path": str(repo),
+                "include": ["**/*.py"],
+                "exclude": ["**/__init__.py", "tests/**"],
+            }
+        ]
+    }
     write_config(config_dir / "repos.yaml", repos)
     pipeline = read_config(config_dir / "pipeline.yaml")
     pipeline["cpu_assets"].update(
@@ -161,8 +169,13 @@ def hostile_day(
     )
     listener = Listener()
     try:
-        result = materialize([*assets, *build_checks(partitions)], resources=resources, partition_key=DAY,
-                             instance=DagsterInstance.ephemeral(), raise_on_error=False)  # fmt: skip
+        result = materialize(
+            [*assets, *build_checks(partitions)],
+            resources=resources,
+            partition_key=DAY,
+            instance=DagsterInstance.ephemeral(),
+            raise_on_error=False,
+        )
     finally:
         listener.close()
         HostileCpuLane.sessions.pop(session, None)

@@ -32,9 +32,23 @@ def test_the_corpus_covers_every_stage_and_kind_of_attack() -> None:
     assert len(entries) >= 100
     assert Counter(e.stage for e in entries) == REQUESTS_PER_STAGE
     categories = {e.category for e in entries}
-    assert categories >= {"prompt_injection", "path_traversal", "absolute_path", "process", "network",
-                          "ctypes", "dynamic_code", "fork_bomb", "huge_output", "secret", "no_target",
-                          "write_outside", "read_host", "infinite_loop", "delete_files"}  # fmt: skip
+    assert categories >= {
+        "prompt_injection",
+        "path_traversal",
+        "absolute_path",
+        "process",
+        "network",
+        "ctypes",
+        "dynamic_code",
+        "fork_bomb",
+        "huge_output",
+        "secret",
+        "no_target",
+        "write_outside",
+        "read_host",
+        "infinite_loop",
+        "delete_files",
+    }
     for stage in REQUESTS_PER_STAGE:
         assert "prompt_injection" in {e.category for e in entries if e.stage == stage}, stage
 
@@ -62,8 +76,9 @@ def test_aimed_diffs_parse_apply_and_their_context_is_the_symbols_lines(tmp_path
         parsed = parse_diff(entry.text, path)
         assert not isinstance(parsed, tuple), (entry.name, parsed)
         patch = extract_block(entry.text, ("diff",)).strip("\n") + "\n"
-        check = subprocess.run(["git", "apply", "--check", "-"], cwd=tmp_path, input=patch, text=True,
-                               capture_output=True)  # fmt: skip
+        check = subprocess.run(
+            ["git", "apply", "--check", "-"], cwd=tmp_path, input=patch, text=True, capture_output=True
+        )
         assert check.returncode == 0, (entry.name, check.stderr)
         hunk = re.search(r"^@@ -(\d+),(\d+) ", entry.text, re.MULTILINE)
         assert hunk is not None

@@ -113,8 +113,12 @@ def test_slugify():
 
 
 def run_pytest(folder: Path) -> int:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
-                          cwd=folder, capture_output=True, timeout=60).returncode  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+        cwd=folder,
+        capture_output=True,
+        timeout=60,
+    ).returncode
 
 
 def test_a_good_test_passes_on_the_original_and_fails_on_both_mutants_a_weak_one_survives(

@@ -69,14 +69,22 @@ def test_parse_calls_of_methods_bare_lines_and_prose() -> None:
     assert parsed.calls == ["Counter([1, 1]).most_common(1)"]
     assert parse_calls("words('a b', n=set())\nwords(x.y)", "words").calls == ["words('a b', n=set())"]
     assert parse_calls("\n".join(f"f({i})" for i in range(30)), "f", max_calls=4).calls == [
-        "f(0)", "f(1)", "f(2)", "f(3)"
-    ]  # fmt: skip
+        "f(0)",
+        "f(1)",
+        "f(2)",
+        "f(3)",
+    ]
 
 
 def run_probe(folder: Path, module: str, target: str, calls: list[str]) -> list[Observation]:
     (folder / "probe.py").write_text(probe_script(module, target, calls, per_call_s=2), encoding="utf-8")
-    subprocess.run([sys.executable, "probe.py", "out.jsonl"], cwd=folder, check=True, timeout=60,
-                   env={"PYTHONPATH": str(folder), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    subprocess.run(
+        [sys.executable, "probe.py", "out.jsonl"],
+        cwd=folder,
+        check=True,
+        timeout=60,
+        env={"PYTHONPATH": str(folder), "PATH": "/usr/bin:/bin"},
+    )
     return read_observations(calls, (folder / "out.jsonl").read_text(encoding="utf-8"))
 
 
@@ -106,8 +114,12 @@ def test_the_probe_records_values_that_read_back_exceptions_and_unusable_results
 
 
 def pytest_exit(folder: Path) -> int:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
-                          cwd=folder, capture_output=True, timeout=60).returncode  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+        cwd=folder,
+        capture_output=True,
+        timeout=60,
+    ).returncode
 
 
 def test_observed_values_make_a_test_that_passes_on_the_commit_and_kills_both_mutants(tmp_path: Path) -> None:
@@ -125,13 +137,23 @@ def test_observed_values_make_a_test_that_passes_on_the_commit_and_kills_both_mu
 
 def test_observe_calls_runs_the_probe_inside_the_sandbox_at_the_commit(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    day = CommitSpec(when=datetime(2026, 11, 1, tzinfo=UTC), message="day 3",
-                     files={"slug.py": SLUG, "textstats.py": TEXTSTATS})  # fmt: skip
+    day = CommitSpec(
+        when=datetime(2026, 11, 1, tzinfo=UTC),
+        message="day 3",
+        files={"slug.py": SLUG, "textstats.py": TEXTSTATS},
+    )
     commit = build_history(repo, [day])
     (repo / "slug.py").write_text("def slugify(*a, **k):\n    return 'uncommitted'\n", encoding="utf-8")
     limits = SandboxLimits(timeout_s=20, memory_mb=768)
-    run = observe_calls(repo, commit, "textstats", "top_words", ["top_words('b a b', n=1)", "top_words(1)"],
-                        limits, detect_isolation())  # fmt: skip
+    run = observe_calls(
+        repo,
+        commit,
+        "textstats",
+        "top_words",
+        ["top_words('b a b', n=1)", "top_words(1)"],
+        limits,
+        detect_isolation(),
+    )
     assert run.outcome == "ok", run.detail
     assert [o.value_repr for o in run.observations] == ["[('b', 2)]", ""]
     assert run.observations[1].exception == "TypeError" and len(run.usable) == 2
@@ -147,8 +169,9 @@ def test_kills_mutants_in_the_sandbox_keeps_a_test_with_teeth_and_restores_the_s
     day = CommitSpec(when=datetime(2026, 11, 1, tzinfo=UTC), message="day 3", files={"slug.py": SLUG})
     commit = build_history(tmp_path / "repo", [day])
     limits = SandboxLimits(timeout_s=20, memory_mb=768, runs=1)
-    good = oracle_test_file("slug", "slugify", [Observation(call="slugify('A b')", status="value",
-                                                            value_repr="'a-b'")])  # fmt: skip
+    good = oracle_test_file(
+        "slug", "slugify", [Observation(call="slugify('A b')", status="value", value_repr="'a-b'")]
+    )
     with open_sandbox(tmp_path / "repo", commit, limits, detect_isolation()) as sandbox:
         sandbox.write("test_oracle.py", good)
         sandbox.write("test_weak.py", WEAK_TEST)
@@ -156,8 +179,9 @@ def test_kills_mutants_in_the_sandbox_keeps_a_test_with_teeth_and_restores_the_s
         verdict = kills_mutants(sandbox, "slug.py", "slugify", "test_oracle.py")
         assert verdict.killed_all, verdict.reason
         assert [(r.kind, r.outcome) for r in verdict.runs] == [
-            ("raise_not_implemented", "failure"), ("return_none", "failure")
-        ]  # fmt: skip
+            ("raise_not_implemented", "failure"),
+            ("return_none", "failure"),
+        ]
         weak = kills_mutants(sandbox, "slug.py", "slugify", "test_weak.py")
         assert not weak.killed_all and weak.reason.startswith("survives the return_none mutant")
         assert [r.killed for r in weak.runs] == [True, False]

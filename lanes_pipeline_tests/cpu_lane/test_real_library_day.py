@@ -77,9 +77,13 @@ def first_day(
     (configs / "repos.yaml").write_text(yaml.safe_dump({"repos": [entry]}), encoding="utf-8")
     pipeline = read_config(settings.config_dir / "pipeline.yaml")
     pipeline["cpu_assets"].update(
-        backlog_per_day=2, samples_per_item=1, analysis_max_tokens=96, tests_max_tokens=96,
-        refactor_max_tokens=96, sandbox={"timeout_s": 60, "memory_mb": 1024, "runs": 1},
-    )  # fmt: skip
+        backlog_per_day=2,
+        samples_per_item=1,
+        analysis_max_tokens=96,
+        tests_max_tokens=96,
+        refactor_max_tokens=96,
+        sandbox={"timeout_s": 60, "memory_mb": 1024, "runs": 1},
+    )
     pipeline["dataset"]["held_out_percent"] = _percent_holding(f"{BIG_CLASS}.__init__")
     write_config(configs / "pipeline.yaml", pipeline)
     with empty_data_dir(settings.data_dir):

@@ -92,8 +92,11 @@ class Backfill:
         return next(Snapshot.model_validate(s) for s in found if s["repo"] == REPO_NAME)
 
     def tests(self, day: str) -> list[GeneratedTestRow]:
-        return [r for r in read_results(self.store, "generated_tests", day, GeneratedTestRow)
-                if r.repo == REPO_NAME]  # fmt: skip
+        return [
+            r
+            for r in read_results(self.store, "generated_tests", day, GeneratedTestRow)
+            if r.repo == REPO_NAME
+        ]
 
     def diffs(self, day: str) -> list[RefactorRow]:
         return [
@@ -150,10 +153,12 @@ def backfill(
         for day in real_package_repo.days():
             result = materialize(assets, resources=resources, partition_key=day, instance=instance)
             assert result.success, day
-            done.metadata.append({
-                e.asset_key.to_user_string(): {k: v.value for k, v in e.materialization.metadata.items()}
-                for e in result.get_asset_materialization_events()
-            })  # fmt: skip
+            done.metadata.append(
+                {
+                    e.asset_key.to_user_string(): {k: v.value for k, v in e.materialization.metadata.items()}
+                    for e in result.get_asset_materialization_events()
+                }
+            )
         yield done
 
 
@@ -200,7 +205,8 @@ def test_later_days_ask_only_the_edited_symbols_and_the_backlog(backfill: Backfi
         assert figures["candidates"] == len(rows) and figures["symbols"] == len(today)
         # The analysis works on the same units: the edited symbols and its own backlog slice, no more.
         assert backfill.metadata[index]["repo_analysis"]["asked_this_run"] <= len(EDITED.get(index, ())) + (
-            BACKLOG_PER_DAY)  # fmt: skip
+            BACKLOG_PER_DAY
+        )
         asked_before |= asked
 
 
@@ -242,8 +248,9 @@ def test_every_accepted_test_passes_again_in_a_clean_checkout(backfill: Backfill
     rerun = 0
     for release in backfill.repo.releases:
         # The environment the asset ran the tests in (built on the first day; the same hash every day).
-        env = ensure_env(read_dependencies(dependency_files_at(backfill.repo.path, release.commit)),
-                         backfill.data_dir)  # fmt: skip
+        env = ensure_env(
+            read_dependencies(dependency_files_at(backfill.repo.path, release.commit)), backfill.data_dir
+        )
         assert env.ok and env.reused, env.reason
         for row in backfill.tests(release.day.isoformat()):
             assert row.verdict == "passed" or row.reason, row
@@ -272,9 +279,14 @@ def test_every_accepted_diff_applies_on_its_commit(backfill: Backfill, tmp_path:
             assert row.diff
             checkout = Path(tempfile.mkdtemp(dir=tmp_path))
             export_commit(backfill.repo.path, release.commit, checkout)
-            check = subprocess.run(["git", "apply", "--check", "-"], input=row.diff, text=True, cwd=checkout,
-                                   capture_output=True, env={"GIT_CEILING_DIRECTORIES": str(tmp_path),
-                                                             "PATH": "/usr/bin:/bin"})  # fmt: skip
+            check = subprocess.run(
+                ["git", "apply", "--check", "-"],
+                input=row.diff,
+                text=True,
+                cwd=checkout,
+                capture_output=True,
+                env={"GIT_CEILING_DIRECTORIES": str(tmp_path), "PATH": "/usr/bin:/bin"},
+            )
             assert check.returncode == 0, f"{release.version} {row.path}: {check.stderr}"
     reasons = [(r.path, r.verdict, r.reason[:200]) for d in backfill.days() for r in backfill.diffs(d)]
     assert judged > 0, f"no refactor answer for the package was judged on any day: {reasons}"
@@ -288,8 +300,15 @@ def test_the_fixture_is_one_release_per_day_at_noon_utc(
 ) -> None:
     start = load_settings().pipeline.start_date
     limit = load_settings().pipeline.cpu_assets.max_file_bytes
-    tree = {"LICENSE.txt", "setup.cfg", "setup.py", "src/decorator.py", "src/tests/__init__.py",
-            "src/tests/documentation.py", "src/tests/test.py"}  # fmt: skip
+    tree = {
+        "LICENSE.txt",
+        "setup.cfg",
+        "setup.py",
+        "src/decorator.py",
+        "src/tests/__init__.py",
+        "src/tests/documentation.py",
+        "src/tests/test.py",
+    }
     for index, release in enumerate(real_package_repo.releases):
         when = git(real_package_repo.path, "show", "-s", "--format=%aI %cI %s", release.commit).decode()
         day = (start + timedelta(days=index)).isoformat()
@@ -312,8 +331,14 @@ def test_a_release_that_cannot_be_downloaded_is_named(tmp_path: Path) -> None:
 
 
 def test_kept_files_are_source_tests_dependency_files_and_the_licence() -> None:
-    for path in ("src/decorator.py", "tests/test_x.py", "setup.cfg", "pyproject.toml", "requirements-dev.txt",
-                 "LICENSE.txt"):  # fmt: skip
+    for path in (
+        "src/decorator.py",
+        "tests/test_x.py",
+        "setup.cfg",
+        "pyproject.toml",
+        "requirements-dev.txt",
+        "LICENSE.txt",
+    ):
         assert kept(path), path
     for path in (
         "PKG-INFO",
@@ -326,9 +351,11 @@ def test_kept_files_are_source_tests_dependency_files_and_the_licence() -> None:
 
 
 def test_coverage_counts_a_symbol_only_in_the_form_it_was_asked() -> None:
-    symbols = [{"m.py::f": "k1", "m.py::g": "k2"},
-               {"m.py::f": "k1-edited", "m.py::g": "k2", "m.py::h": "k3"},
-               {"m.py::f": "k1-edited", "m.py::g": "k2", "m.py::h": "k3"}]  # fmt: skip
+    symbols = [
+        {"m.py::f": "k1", "m.py::g": "k2"},
+        {"m.py::f": "k1-edited", "m.py::g": "k2", "m.py::h": "k3"},
+        {"m.py::f": "k1-edited", "m.py::g": "k2", "m.py::h": "k3"},
+    ]
     targeted = [{"m.py::f"}, {"m.py::g"}, {"m.py::f", "m.py::h"}]
     assert covered_per_day(symbols, targeted) == [1, 1, 3]  # day 2: f's edit uncovers it until re-asked
 
@@ -344,7 +371,10 @@ def test_coverage_report_gives_the_files_left_out_and_the_first_fully_covered_da
     assert (out.days_to_full_coverage, out.full_coverage_on) == (2, "2026-11-02")
     partial = coverage_report(days[:1])
     assert (partial.days_to_full_coverage, partial.full_coverage_on, partial.left_out_for_size) == (
-        None, None, ["data.json"])  # fmt: skip
+        None,
+        None,
+        ["data.json"],
+    )
     assert (
         coverage_report([DayCoverage(day="2026-11-01", symbols=0, covered=0)]).days_to_full_coverage is None
     )

@@ -63,13 +63,29 @@ toml==0.10.2  # pinned
 def test_dependency_files_and_what_they_ask_for() -> None:
     assert is_dependency_file("requirements-dev.txt") and is_dependency_file("requirements/base.txt")
     assert not is_dependency_file("requirements-docs.txt") and not is_dependency_file("sub/requirements.txt")
-    files = {"pyproject.toml": PYPROJECT, "setup.cfg": SETUP_CFG, "requirements.txt": REQUIREMENTS,
-             "requirements/base.txt": "pluggy\n-r ../requirements.txt\n", "README.md": "six"}  # fmt: skip
+    files = {
+        "pyproject.toml": PYPROJECT,
+        "setup.cfg": SETUP_CFG,
+        "requirements.txt": REQUIREMENTS,
+        "requirements/base.txt": "pluggy\n-r ../requirements.txt\n",
+        "README.md": "six",
+    }
     spec = read_dependencies(files)
     assert spec.requirements == sorted(
-        ["six>=1.16", 'attrs; python_version >= "3.8"', "pytest-timeout", "ujson", "ruff", "flake8",
-         "requests>=2", "idna", "hypothesis", "pluggy", "toml==0.10.2"]
-    )  # fmt: skip
+        [
+            "six>=1.16",
+            'attrs; python_version >= "3.8"',
+            "pytest-timeout",
+            "ujson",
+            "ruff",
+            "flake8",
+            "requests>=2",
+            "idna",
+            "hypothesis",
+            "pluggy",
+            "toml==0.10.2",
+        ]
+    )
     assert spec.sources == ["pyproject.toml", "requirements.txt", "requirements/base.txt", "setup.cfg"]
     skipped = "\n".join(spec.skipped)
     assert "dependency-groups: cycle dev -> lint -> dev" in skipped
@@ -117,8 +133,12 @@ def test_an_environment_is_built_once_per_hash_even_when_two_ask_at_once(open_fo
     assert sorted(r.reused for r in results) == [False, True]
     env = results[0]
     assert Path(env.path) == tmp_path / "repo_envs" / env_key(spec, sys.executable, False)
-    check = subprocess.run([env.python, "-c", "import six, pytest, sys; print(sys.prefix)"],
-                           capture_output=True, text=True, check=True)  # fmt: skip
+    check = subprocess.run(
+        [env.python, "-c", "import six, pytest, sys; print(sys.prefix)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert check.stdout.strip() == env.path
     assert not list((tmp_path / "repo_envs").glob(".build-*"))  # the temporary folder was renamed
     again = ensure_env(spec, tmp_path)
@@ -126,10 +146,19 @@ def test_an_environment_is_built_once_per_hash_even_when_two_ask_at_once(open_fo
     assert ensure_env(DependencySpec(), tmp_path).key != env.key
     # Inside the sandbox, code of the repository runs with this environment's interpreter and packages.
     module = "import sys\nimport six\n\n\ndef where(x):\n    return sys.prefix\n"
-    commit = build_history(tmp_path / "repo", [CommitSpec(when=datetime(2026, 11, 1, tzinfo=UTC),
-                                                          message="m", files={"m.py": module})])  # fmt: skip
-    run = observe_calls(tmp_path / "repo", commit, "m", "where", ["where(1)"],
-                        SandboxLimits(timeout_s=20, memory_mb=768), python=env.python)  # fmt: skip
+    commit = build_history(
+        tmp_path / "repo",
+        [CommitSpec(when=datetime(2026, 11, 1, tzinfo=UTC), message="m", files={"m.py": module})],
+    )
+    run = observe_calls(
+        tmp_path / "repo",
+        commit,
+        "m",
+        "where",
+        ["where(1)"],
+        SandboxLimits(timeout_s=20, memory_mb=768),
+        python=env.python,
+    )
     assert run.outcome == "ok" and run.observations[0].value_repr == repr(env.path)
 
 

@@ -63,8 +63,13 @@ def test_the_days_own_tests_pass(day: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=tmp_path / day, capture_output=True, text=True, env=env, timeout=100, check=False,
-    )  # fmt: skip
+        cwd=tmp_path / day,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=100,
+        check=False,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and "failed" not in run.stdout
 
@@ -80,8 +85,13 @@ def test_a_build_with_the_right_messages_but_other_content_is_rebuilt(tmp_path: 
     (repo / "slug.py").write_text("def slugify(title):\n    return title\n", encoding="utf-8")
     git(repo, "add", "slug.py")
     when = sample_repo.HISTORY[-1][0].isoformat()
-    env = {"GIT_AUTHOR_NAME": "x", "GIT_AUTHOR_EMAIL": "x@example.invalid", "GIT_COMMITTER_NAME": "x",
-           "GIT_COMMITTER_EMAIL": "x@example.invalid", "GIT_AUTHOR_DATE": when}  # fmt: skip
+    env = {
+        "GIT_AUTHOR_NAME": "x",
+        "GIT_AUTHOR_EMAIL": "x@example.invalid",
+        "GIT_COMMITTER_NAME": "x",
+        "GIT_COMMITTER_EMAIL": "x@example.invalid",
+        "GIT_AUTHOR_DATE": when,
+    }
     git(repo, "-c", "commit.gpgsign=false", "commit", "-q", "-m", sample_repo.HISTORY[-1][1], env=env)
     assert git(repo, "log", "--format=%s").decode().splitlines() == [
         m for _, m, _ in reversed(sample_repo.HISTORY)

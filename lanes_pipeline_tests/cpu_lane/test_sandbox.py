@@ -46,9 +46,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     path = tmp_path_factory.mktemp("sandbox") / "repo"
     commit = build_history(
         path,
-        [CommitSpec(when=datetime(2026, 11, 1, tzinfo=UTC), message="calc",
-                    files={"calc.py": CALC, "tests/test_calc.py": CALC_TEST})],
-    )  # fmt: skip
+        [
+            CommitSpec(
+                when=datetime(2026, 11, 1, tzinfo=UTC),
+                message="calc",
+                files={"calc.py": CALC, "tests/test_calc.py": CALC_TEST},
+            )
+        ],
+    )
     return path, commit
 
 

@@ -144,8 +144,12 @@ def _host_outcomes(code: str, tmp_path: Path) -> dict[str, str]:
     (place / HOSTILE).write_text(code, encoding="utf-8")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", HOSTILE],
-        cwd=place, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=place,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     outcomes = {}
     for line in result.stdout.splitlines():
         word, _, node = line.partition(" ")

@@ -53,8 +53,15 @@ TESTS = "from pkg.scaling import scale_0\n\n\ndef test_scale_0():\n    assert sc
 
 
 def analysis_of(name: str) -> str:
-    return json.dumps({"summary": f"Scales a value in {name}.", "public_api": [name], "risks": [],
-                       "test_ideas": ["a value over the limit"], "complexity": "low"})  # fmt: skip
+    return json.dumps(
+        {
+            "summary": f"Scales a value in {name}.",
+            "public_api": [name],
+            "risks": [],
+            "test_ideas": ["a value over the limit"],
+            "complexity": "low",
+        }
+    )
 
 
 class FakeLane:
@@ -71,8 +78,16 @@ class FakeLane:
             self.asked.append(request.id)
             self.prompts.append(request.messages[-1].content)
             text = self.answer(request.id.split("::", 1)[1])
-            items.append(ItemResult(index=index, id=request.id, key=str(index), status="ok", text=text,
-                                    parsed=json.loads(text) if self.parsed else None))  # fmt: skip
+            items.append(
+                ItemResult(
+                    index=index,
+                    id=request.id,
+                    key=str(index),
+                    status="ok",
+                    text=text,
+                    parsed=json.loads(text) if self.parsed else None,
+                )
+            )
         return BatchResult.model_construct(results=items, summary=summarize(items, 0.1), server=None)
 
 
@@ -132,9 +147,14 @@ def test_refactors_of_the_days_symbols_are_confined_to_their_lines(tmp_path: Pat
     repo, (day1, _) = snapshots(tmp_path)
     store = ArtifactStore(tmp_path / "artifacts")
     selections = Memo(store, "tests_register")
-    AnalysisDay(SymbolQuestions("repo_analysis", Memo(store, "analysis")), selections,
-                CoverageRegister(Memo(store, COVERAGE), "analysis"), "m", 128, backlog_per_day=2,
-                ).run(day1, repo, FakeLane(analysis_of, parsed=True))  # fmt: skip
+    AnalysisDay(
+        SymbolQuestions("repo_analysis", Memo(store, "analysis")),
+        selections,
+        CoverageRegister(Memo(store, COVERAGE), "analysis"),
+        "m",
+        128,
+        backlog_per_day=2,
+    ).run(day1, repo, FakeLane(analysis_of, parsed=True))
 
     doc, line, after = function(0).splitlines()[1:4]
 
@@ -146,8 +166,15 @@ def test_refactors_of_the_days_symbols_are_confined_to_their_lines(tmp_path: Pat
     lane = FakeLane(answer, parsed=False)
     questions = SymbolQuestions("refactor_proposals", Memo(store, "refactor_diff"))
     judge = DiffJudge(Memo(store, "diff_check"), SandboxLimits(timeout_s=60, runs=1))
-    day = RefactorDay(questions, judge, selections, CoverageRegister(Memo(store, COVERAGE), "refactor"),
-                      "m", 128, backlog_per_day=2)  # fmt: skip
+    day = RefactorDay(
+        questions,
+        judge,
+        selections,
+        CoverageRegister(Memo(store, COVERAGE), "refactor"),
+        "m",
+        128,
+        backlog_per_day=2,
+    )
     rows, covered = day.run(day1, repo, [], lane)
     # The same two symbols analysis took (the remembered selection), most referenced first then by line.
     assert [r.symbol for r in rows] == ["scale_0", "scale_1"] and len(lane.asked) == 2
@@ -159,8 +186,10 @@ def test_refactors_of_the_days_symbols_are_confined_to_their_lines(tmp_path: Pat
 
 
 def test_the_prompt_shows_the_symbol_with_its_context_and_its_lines() -> None:
-    source = "import re\n\n\ndef helper(x):\n    '''Strip it.'''\n    return x.strip()\n\n\n" \
-             "def clean(text):\n    return re.sub('a', '', helper(text))\n"  # fmt: skip
+    source = (
+        "import re\n\n\ndef helper(x):\n    '''Strip it.'''\n    return x.strip()\n\n\n"
+        "def clean(text):\n    return re.sub('a', '', helper(text))\n"
+    )
     clean = extract_symbols("pkg/text.py", source).symbols[1]
     prompt = symbol_prompt(clean)
     assert prompt.startswith(
@@ -188,7 +217,8 @@ def test_an_analysis_may_name_only_what_the_symbol_defines(
     source = "class Box:\n    def area(self):\n        return 1\n\n\ndef scale(x):\n    return x\n"
     box = extract_symbols("shapes.py", source).symbols[0]
     assert symbol_defines(box) == {"Box", "area"}
-    analysis = FileAnalysis(summary="A box with an area.", public_api=public_api, risks=[], test_ideas=[],
-                            complexity="low")  # fmt: skip
+    analysis = FileAnalysis(
+        summary="A box with an area.", public_api=public_api, risks=[], test_ideas=[], complexity="low"
+    )
     row = symbol_row(box, "blob", AnalysisAnswer(status="ok", analysis=analysis))
     assert row.symbol == "Box" and row.accepted is accepted and reason in row.reason

@@ -22,9 +22,14 @@ from lanes_pipeline.store import ArtifactStore
 
 # What the model "proposes" per target (after the prefilled `name(`): one good call each, so every asked
 # symbol gets an accepted test; `top_words` gets a call that raises the same TypeError on every mutant.
-CALLS = {"words": "'A b')", "word_count": "'one two')", "top_words": "1, 2, 3, 4)",
-         "average_word_length": "'ab abcd')", "slugify": "'Hello, World!')",
-         "unique_slug": "'A b', {'a-b'})"}  # fmt: skip
+CALLS = {
+    "words": "'A b')",
+    "word_count": "'one two')",
+    "top_words": "1, 2, 3, 4)",
+    "average_word_length": "'ab abcd')",
+    "slugify": "'Hello, World!')",
+    "unique_slug": "'A b', {'a-b'})",
+}
 
 
 class FakeLane:
@@ -43,10 +48,20 @@ class FakeLane:
 
 
 def snapshot(repo: Path, commit: str, previous: str | None, day: int) -> Snapshot:
-    files = [FileEntry(path=e.path, blob=e.blob, language=language_of(e.path), size=e.size)
-             for e in ls_tree(repo, commit) if not e.path.startswith("tests/")]  # fmt: skip
-    return Snapshot(repo="sample", day=date(2026, 11, day), branch="HEAD", commit=commit,
-                    previous_commit=previous, files=files, repo_map="map")  # fmt: skip
+    files = [
+        FileEntry(path=e.path, blob=e.blob, language=language_of(e.path), size=e.size)
+        for e in ls_tree(repo, commit)
+        if not e.path.startswith("tests/")
+    ]
+    return Snapshot(
+        repo="sample",
+        day=date(2026, 11, day),
+        branch="HEAD",
+        commit=commit,
+        previous_commit=previous,
+        files=files,
+        repo_map="map",
+    )
 
 
 @pytest.mark.timeout(900)

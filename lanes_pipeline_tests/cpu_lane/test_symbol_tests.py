@@ -91,8 +91,13 @@ def test_answer_text_adds_the_prefill_only_when_the_server_left_it_out() -> None
 
 
 def test_kind_yield_and_samples() -> None:
-    figures = kind_yield([TargetTally(target="a", sampled=4, accepted=1), TargetTally(target="b", sampled=4,
-                          accepted=0), TargetTally(target="c", sampled=2, accepted=2)])  # fmt: skip
+    figures = kind_yield(
+        [
+            TargetTally(target="a", sampled=4, accepted=1),
+            TargetTally(target="b", sampled=4, accepted=0),
+            TargetTally(target="c", sampled=2, accepted=2),
+        ]
+    )
     assert (figures.asked, figures.sampled, figures.accepted, figures.targets_with_accepted) == (3, 10, 3, 2)
     assert figures.pass_at_1 == 0.3 and figures.pass_at_n == 0.6667
     assert kind_yield([]).pass_at_1 == 0.0 and kind_yield([]).asked == 0
@@ -120,8 +125,12 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> VerifyPlace:
     repo = tmp_path_factory.mktemp("sample") / "repo"
     day = CommitSpec(when=datetime(2026, 11, 3, tzinfo=UTC), message="day 3", files=dict(SOURCES))
     commit = build_history(repo, [day])
-    return VerifyPlace(repo=repo, commit=commit, limits=SandboxLimits(timeout_s=30, memory_mb=768, runs=2),
-                       isolation=detect_isolation())  # fmt: skip
+    return VerifyPlace(
+        repo=repo,
+        commit=commit,
+        limits=SandboxLimits(timeout_s=30, memory_mb=768, runs=2),
+        isolation=detect_isolation(),
+    )
 
 
 def test_answers_go_through_one_gate_in_the_sandbox(place: VerifyPlace) -> None:
@@ -147,9 +156,13 @@ def test_answers_go_through_one_gate_in_the_sandbox(place: VerifyPlace) -> None:
     assert len(result.accepted_tests) == 2  # call order differs: two distinct tests, each kept once
     assert result.answers[4].reason.startswith("too_long: prompt of 5000")
     assert yield_of_tests([result]).model_dump(exclude={"note"}) == {
-        "asked": 1, "sampled": 6, "accepted": 2, "targets_with_accepted": 1, "pass_at_1": 0.3333,
+        "asked": 1,
+        "sampled": 6,
+        "accepted": 2,
+        "targets_with_accepted": 1,
+        "pass_at_1": 0.3333,
         "pass_at_n": 1.0,
-    }  # fmt: skip
+    }
     # Model-written assertions go through the same gate: the weak test survives `return None`.
     start = prefill(slugify, "assertions")
     written = [
@@ -160,9 +173,12 @@ def test_answers_go_through_one_gate_in_the_sandbox(place: VerifyPlace) -> None:
     ]
     [result] = verify_symbol_answers(place, [slugify], written, samples=4, style="assertions")
     verdicts = [(a.status, a.reason.split(":")[0]) for a in result.answers]
-    assert verdicts == [("survives_mutant", "survives the return_none mutant of slugify (passed)"),
-                        ("accepted", "passed 2 of 2 runs; fails on all 2 mutants of slugify"),
-                        ("fails_on_commit", "failure"), ("rejected_static", "trivial")]  # fmt: skip
+    assert verdicts == [
+        ("survives_mutant", "survives the return_none mutant of slugify (passed)"),
+        ("accepted", "passed 2 of 2 runs; fails on all 2 mutants of slugify"),
+        ("fails_on_commit", "failure"),
+        ("rejected_static", "trivial"),
+    ]
     assert result.accepted_tests == [GOOD]
 
 

@@ -54,9 +54,17 @@ def test_make_run_is_the_whole_day_and_a_rerun_asks_nothing(
     first = CliRunner().invoke(main, ["run", "--date", DAY])
     assert first.exit_code == 0, first.output
     assets = [
-        "cpu_lane_probe", "gpu_lane_probe", "repo_snapshot", "repo_analysis", "generated_tests",
-        "refactor_proposals", "lora_dataset", "lora_adapter", "adapter_evaluation", "served_adapter",
-    ]  # fmt: skip
+        "cpu_lane_probe",
+        "gpu_lane_probe",
+        "repo_snapshot",
+        "repo_analysis",
+        "generated_tests",
+        "refactor_proposals",
+        "lora_dataset",
+        "lora_adapter",
+        "adapter_evaluation",
+        "served_adapter",
+    ]
     for asset in assets:
         assert _row(first.output, asset)[1] == "materialized", first.output
     # The day's files asked from an empty cache, at least two (a repair counts as a call too).
@@ -128,21 +136,27 @@ def test_summary_says_zero_only_when_both_sides_agree() -> None:
 def test_summary_prints_the_days_learning_line_when_the_day_was_evaluated() -> None:
     line = "learning 2026-11-02: served lanes-2026-11-02 repo_pass_rate 15% (base 10%)"
     rows = [
-        AssetOutcome(asset="adapter_evaluation", partition=DAY, status="materialized",
-                     metadata={"promote": True, "learning": line}),
-    ]  # fmt: skip
+        AssetOutcome(
+            asset="adapter_evaluation",
+            partition=DAY,
+            status="materialized",
+            metadata={"promote": True, "learning": line},
+        ),
+    ]
     summary = summarize_day(DAY, rows, LaneDeltas(), None)
     assert f"  {line}  (the curve over the days: lanes report)" in render(summary).splitlines()
     assert "learning" not in render(summarize_day(DAY, [], LaneDeltas(), None))
 
 
 def test_summary_shows_the_test_coverage_of_the_days_repositories() -> None:
-    figures = GeneratedTestsFigures(candidates=6, accepted=2, symbols=40, symbols_with_accepted_test=9,
-                                    test_coverage=0.225)  # fmt: skip
+    figures = GeneratedTestsFigures(
+        candidates=6, accepted=2, symbols=40, symbols_with_accepted_test=9, test_coverage=0.225
+    )
     described = RESULTS["generated_tests"](figures.metadata())
     assert described == "2 of 6 tests accepted; coverage 9 of 40 symbols (22%)"
-    docs = GeneratedDocsFigures(candidates=6, accepted=1, symbols=40, symbols_with_accepted_docs=3,
-                                docs_coverage=0.075)  # fmt: skip
+    docs = GeneratedDocsFigures(
+        candidates=6, accepted=1, symbols=40, symbols_with_accepted_docs=3, docs_coverage=0.075
+    )
     expected = "1 of 6 docstrings accepted; coverage 3 of 40 symbols (8%)"
     assert RESULTS["generated_docs"](docs.metadata()) == expected
 

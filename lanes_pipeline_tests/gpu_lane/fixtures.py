@@ -90,9 +90,12 @@ def write_held_out_tasks(artifacts_root: Path, day: date, scratch: Path, keep: i
     repository (built under `scratch`), each with its passing tests."""
     repo, commit = shapes_repo(scratch)
     snapshot = Snapshot(
-        repo="shapes", day=day, branch="HEAD", commit=commit,
+        repo="shapes",
+        day=day,
+        branch="HEAD",
+        commit=commit,
         files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
-    )  # fmt: skip
+    )
     functions = held_out_of_repo(snapshot, repo, 100, {}, SandboxLimits(runs=1)).functions
     held = HeldOutDay(held_out_percent=100, functions=functions[:keep])
     ArtifactStore(artifacts_root).write_json(

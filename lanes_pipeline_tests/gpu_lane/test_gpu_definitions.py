@@ -44,8 +44,10 @@ def test_the_figures_check_names_each_missing_figure() -> None:
 
 def test_the_limits_check_applies_the_rule_again_to_the_recorded_figures() -> None:
     config = TrainingConfig()
-    inside = {"base": {"eval_loss": 2.0, "repo_pass_rate": 0.1, "humaneval_pass1": 0.05},
-              "candidate": {"eval_loss": 1.0, "repo_pass_rate": 0.2, "humaneval_pass1": 0.05}}  # fmt: skip
+    inside = {
+        "base": {"eval_loss": 2.0, "repo_pass_rate": 0.1, "humaneval_pass1": 0.05},
+        "candidate": {"eval_loss": 1.0, "repo_pass_rate": 0.2, "humaneval_pass1": 0.05},
+    }
     assert rule_disagrees({"figures": inside}, config) == []
     forgot = inside | {"candidate": inside["candidate"] | {"humaneval_pass1": 0.0}}
     assert any("below the base's" in r for r in rule_disagrees({"figures": forgot}, config))

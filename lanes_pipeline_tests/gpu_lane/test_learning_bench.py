@@ -29,11 +29,16 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
     registry = AdapterRegistry(tmp_path / "registry.sqlite")
     points = [
         LearningPoint(day=date(2026, 11, 1), served="base", note="no training rows"),
-        LearningPoint(day=date(2026, 11, 2), served="lanes-2026-11-02", candidate="lanes-2026-11-02",
-                      promoted=True, base=Figures(eval_loss=2.0, repo_pass_rate=0.1),
-                      served_figures=Figures(eval_loss=1.0, repo_pass_rate=0.2)),
+        LearningPoint(
+            day=date(2026, 11, 2),
+            served="lanes-2026-11-02",
+            candidate="lanes-2026-11-02",
+            promoted=True,
+            base=Figures(eval_loss=2.0, repo_pass_rate=0.1),
+            served_figures=Figures(eval_loss=1.0, repo_pass_rate=0.2),
+        ),
         LearningPoint(day=date(2026, 11, 3), served="lanes-2026-11-02", note="no training rows"),
-    ]  # fmt: skip
+    ]
     out = summarize(points, registry, {"base": 0.0, "served": 0.0})
     assert out["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
     assert out["served_version"] == "lanes-2026-11-02"

@@ -79,21 +79,47 @@ def test_the_table_has_a_row_per_day_with_base_and_served_figures() -> None:
     lines = markdown_table(three_points()).splitlines()
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header == [
-        "day", "served", "candidate", "promoted",
-        "repo_pass_rate base", "repo_pass_rate served", "eval loss base", "eval loss served",
-        "HumanEval pass@1 base", "HumanEval pass@1 served", "note",
-    ]  # fmt: skip
+        "day",
+        "served",
+        "candidate",
+        "promoted",
+        "repo_pass_rate base",
+        "repo_pass_rate served",
+        "eval loss base",
+        "eval loss served",
+        "HumanEval pass@1 base",
+        "HumanEval pass@1 served",
+        "note",
+    ]
     assert len(lines) == 2 + 3
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
     assert all(len(row) == len(header) for row in rows)
     assert rows[0] == [
-        "2026-11-01", "base", "no adapter today", "no", "10%", "10%", "1.50", "1.50", "2.5%", "2.5%",
+        "2026-11-01",
+        "base",
+        "no adapter today",
+        "no",
+        "10%",
+        "10%",
+        "1.50",
+        "1.50",
+        "2.5%",
+        "2.5%",
         "no adapter today: no training rows",
-    ]  # fmt: skip
+    ]
     assert rows[1] == [
-        "2026-11-02", "lanes-2026-11-02", "lanes-2026-11-02", "yes", "10%", "15%", "1.50", "1.23", "2.5%",
-        "-", "",
-    ]  # fmt: skip
+        "2026-11-02",
+        "lanes-2026-11-02",
+        "lanes-2026-11-02",
+        "yes",
+        "10%",
+        "15%",
+        "1.50",
+        "1.23",
+        "2.5%",
+        "-",
+        "",
+    ]
     assert rows[2][:4] == ["2026-11-03", "lanes-2026-11-02", "lanes-2026-11-03", "no"]
     assert rows[2][6:8] == ["-", "-"]
     assert rows[2][-1] == "eval loss not judged (too few held-out rows)"
@@ -108,12 +134,18 @@ def test_the_days_line_and_the_plots_metadata() -> None:
     assert learning_line(first).endswith("; no adapter today: no training rows")
     assert "candidate lanes-2026-11-03 not promoted" in learning_line(third)
     assert plot_metadata(second) == {
-        "base_repo_pass_rate": 0.1, "served_repo_pass_rate": 0.15, "base_eval_loss": 1.5,
-        "served_eval_loss": 1.234, "base_humaneval_pass1": 0.025,
-    }  # fmt: skip
+        "base_repo_pass_rate": 0.1,
+        "served_repo_pass_rate": 0.15,
+        "base_eval_loss": 1.5,
+        "served_eval_loss": 1.234,
+        "base_humaneval_pass1": 0.025,
+    }
     assert set(plot_metadata(third)) == {
-        "base_repo_pass_rate", "served_repo_pass_rate", "base_humaneval_pass1", "served_humaneval_pass1",
-    }  # fmt: skip
+        "base_repo_pass_rate",
+        "served_repo_pass_rate",
+        "base_humaneval_pass1",
+        "served_humaneval_pass1",
+    }
     assert all(isinstance(value, float) for value in plot_metadata(first).values())
 
 

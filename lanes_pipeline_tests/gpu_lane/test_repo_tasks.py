@@ -32,9 +32,12 @@ LIMITS = SandboxLimits(runs=1, timeout_s=20)
 def functions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, HeldOutFunction]:
     repo, commit = shapes_repo(tmp_path_factory.mktemp("shapes"))
     snapshot = Snapshot(
-        repo="r", day=date(2026, 11, 1), branch="HEAD", commit=commit,
+        repo="r",
+        day=date(2026, 11, 1),
+        branch="HEAD",
+        commit=commit,
         files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
-    )  # fmt: skip
+    )
     found = held_out_of_repo(snapshot, repo, 100, {}, LIMITS, detect_isolation()).functions
     return {f.symbol.name: f for f in found}
 

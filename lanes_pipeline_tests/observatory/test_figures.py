@@ -13,17 +13,31 @@ from lanes_pipeline.prometheus import LaneCounters, MetricsSnapshot
 
 
 def counters(**values: float) -> LaneCounters:
-    base = {"engine": "llama.cpp", "prompt_tokens_total": 0.0, "generation_tokens_total": 0.0,
-            "requests_running": 0.0}  # fmt: skip
+    base = {
+        "engine": "llama.cpp",
+        "prompt_tokens_total": 0.0,
+        "generation_tokens_total": 0.0,
+        "requests_running": 0.0,
+    }
     return LaneCounters(**{**base, **values})
 
 
 def figures(lane: str = "cpu", **changes: object) -> LaneFigures:
     values = {
-        "lane": lane, "engine": "llama.cpp", "ttft_s": 0.2, "prompt_tok_s": 300.0, "generation_tok_s": 60.0,
-        "generation_tok_s_slots": 90.0, "slots": 2, "p50_s": 0.5, "p95_s": 0.9, "prefix_hit": 0.75,
-        "kv_cache_use": None, "pf": 444.4, "requests": 12,
-    }  # fmt: skip
+        "lane": lane,
+        "engine": "llama.cpp",
+        "ttft_s": 0.2,
+        "prompt_tok_s": 300.0,
+        "generation_tok_s": 60.0,
+        "generation_tok_s_slots": 90.0,
+        "slots": 2,
+        "p50_s": 0.5,
+        "p95_s": 0.9,
+        "prefix_hit": 0.75,
+        "kv_cache_use": None,
+        "pf": 444.4,
+        "requests": 12,
+    }
     return LaneFigures(**{**values, **changes})
 
 
@@ -77,9 +91,13 @@ def test_pf_and_decode_speed() -> None:
 
 def test_interference_ratios_and_the_trial_figure() -> None:
     detail = InterferenceFigures(
-        cpu_alone=100.0, cpu_with_gpu=80.0, gpu_alone=50.0, gpu_with_cpu_yield_off=25.0,
-        gpu_with_cpu_yield_on=45.0, cpu_yields=3,
-    )  # fmt: skip
+        cpu_alone=100.0,
+        cpu_with_gpu=80.0,
+        gpu_alone=50.0,
+        gpu_with_cpu_yield_off=25.0,
+        gpu_with_cpu_yield_on=45.0,
+        cpu_yields=3,
+    )
     assert (detail.cpu_ratio, detail.gpu_ratio_yield_off, detail.gpu_ratio_yield_on) == (0.8, 0.5, 0.9)
     assert detail.for_lane("cpu") == 0.8 and detail.for_lane("gpu") == 0.5
     assert detail.metadata()["interference/gpu_ratio_yield_on"] == 0.9

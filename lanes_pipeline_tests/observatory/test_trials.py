@@ -35,17 +35,36 @@ def write_trials(config_dir: Path, trials: list[dict[str, object]]) -> None:
 
 def record(name: str, ok: bool = True, **changes: object) -> TrialRecord:
     figures = LaneFigures(
-        lane="cpu", engine="llama.cpp", ttft_s=0.25, prompt_tok_s=310.0, generation_tok_s=54.0,
-        generation_tok_s_slots=80.0, slots=2, p50_s=0.4, p95_s=0.8, prefix_hit=0.6, kv_cache_use=None,
-        pf=400.0, requests=9,
-    )  # fmt: skip
+        lane="cpu",
+        engine="llama.cpp",
+        ttft_s=0.25,
+        prompt_tok_s=310.0,
+        generation_tok_s=54.0,
+        generation_tok_s_slots=80.0,
+        slots=2,
+        p50_s=0.4,
+        p95_s=0.8,
+        prefix_hit=0.6,
+        kv_cache_use=None,
+        pf=400.0,
+        requests=9,
+    )
     values: dict[str, object] = {
-        "name": name, "lane": "cpu", "engine": "llama_cpp", "model": "smollm2-135m-instruct-q4_1",
+        "name": name,
+        "lane": "cpu",
+        "engine": "llama_cpp",
+        "model": "smollm2-135m-instruct-q4_1",
         "quant": "GGUF Q4_1",
-        "threads": 2, "slots": 2, "started": "2026-11-30T10:00:00+00:00", "command": "llama-server -m x",
-        "ok": ok, "wall_s": 12.0, "figures": figures if ok else None, "interference": 0.8 if ok else None,
+        "threads": 2,
+        "slots": 2,
+        "started": "2026-11-30T10:00:00+00:00",
+        "command": "llama-server -m x",
+        "ok": ok,
+        "wall_s": 12.0,
+        "figures": figures if ok else None,
+        "interference": 0.8 if ok else None,
         "error": None if ok else "the embedded CPU lane server exited with code 1 while starting",
-    }  # fmt: skip
+    }
     return TrialRecord(**{**values, **changes})
 
 
@@ -61,20 +80,37 @@ def test_shipped_trials_are_valid_and_cover_this_machine() -> None:
 @pytest.mark.parametrize(
     ("trial", "expected"),
     [
-        ({"name": "a", "lane": "cpu", "model": "smollm2-135m-instruct-q4_1", "thread": 2},
-         "trials.yaml: trials[0].thread: unknown key"),
-        ({"name": "a", "lane": "cpu", "model": "smollm2-135m-instruct-q4_1", "file": "made:Q9_9"},
-         "trials.yaml: trials[0].file: 'Q9_9' is not one of"),
-        ({"name": "a", "lane": "gpu", "model": "smollm2-135m-instruct-hf", "file": "made:Q8_0"},
-         "only for the cpu lane"),
-        ({"name": "a", "lane": "cpu", "model": "no-such-model"},
-         "trials.yaml: trials[0].model: 'no-such-model' is not a model in models.yaml"),
-        ({"name": "a", "lane": "cpu", "model": "smollm2-135m-instruct-q4_1", "cpu": {"slots": 0}},
-         "trials.yaml: trials[0].cpu.slots"),
-        ({"name": "a", "lane": "cpu", "model": "smollm2-135m-instruct-q4_1", "command": ["srv", "{model}"]},
-         "needs a {port} placeholder"),
+        (
+            {"name": "a", "lane": "cpu", "model": "smollm2-135m-instruct-q4_1", "thread": 2},
+            "trials.yaml: trials[0].thread: unknown key",
+        ),
+        (
+            {"name": "a", "lane": "cpu", "model": "smollm2-135m-instruct-q4_1", "file": "made:Q9_9"},
+            "trials.yaml: trials[0].file: 'Q9_9' is not one of",
+        ),
+        (
+            {"name": "a", "lane": "gpu", "model": "smollm2-135m-instruct-hf", "file": "made:Q8_0"},
+            "only for the cpu lane",
+        ),
+        (
+            {"name": "a", "lane": "cpu", "model": "no-such-model"},
+            "trials.yaml: trials[0].model: 'no-such-model' is not a model in models.yaml",
+        ),
+        (
+            {"name": "a", "lane": "cpu", "model": "smollm2-135m-instruct-q4_1", "cpu": {"slots": 0}},
+            "trials.yaml: trials[0].cpu.slots",
+        ),
+        (
+            {
+                "name": "a",
+                "lane": "cpu",
+                "model": "smollm2-135m-instruct-q4_1",
+                "command": ["srv", "{model}"],
+            },
+            "needs a {port} placeholder",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_trials_are_reported_with_file_and_key(
     config_dir: Path, trial: dict[str, object], expected: str
 ) -> None:
@@ -160,10 +196,12 @@ def test_cpu_trial_command_carries_its_flags_and_extra_args(
 ) -> None:
     gguf = fake_engines(monkeypatch, tmp_path)
     spec = TrialSpec(
-        name="t", lane="cpu", model="smollm2-135m-instruct-q4_1",
+        name="t",
+        lane="cpu",
+        model="smollm2-135m-instruct-q4_1",
         cpu={"threads": 1, "slots": 4, "ctx_size": 2048},
         extra_args=["-no-fmoe", "-ot", "exps=CPU"],
-    )  # fmt: skip
+    )
     command, served = trials_module.server_command(spec, settings, 5555)
     argv = command.argv
     assert argv[argv.index("-m") + 1] == str(gguf)
@@ -205,9 +243,12 @@ def test_a_server_that_fails_to_start_is_recorded_with_its_log_tail(
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + bytes(16))
     spec = TrialSpec(
-        name="broken", lane="cpu", model="smollm2-135m-instruct-q4_1", file=str(gguf),
+        name="broken",
+        lane="cpu",
+        model="smollm2-135m-instruct-q4_1",
+        file=str(gguf),
         command=["sh", "-c", "echo 'error: unknown argument: --bogus (port {port}, model {model})'; exit 3"],
-    )  # fmt: skip
+    )
     result = trials_module.run_trial(spec, private_settings, SMALL, other="none")
     assert not result.ok
     assert result.error == "the embedded CPU lane server exited with code 3 while starting"

@@ -81,9 +81,14 @@ class AnalysisDay:
     """repo_analysis on one repository for one day: the day's symbols, asked through `questions`."""
 
     def __init__(
-        self, questions: SymbolQuestions, selections: Memo, register: CoverageRegister, model: str,
-        max_tokens: int, backlog_per_day: int,
-    ) -> None:  # fmt: skip
+        self,
+        questions: SymbolQuestions,
+        selections: Memo,
+        register: CoverageRegister,
+        model: str,
+        max_tokens: int,
+        backlog_per_day: int,
+    ) -> None:
         self.questions, self.selections, self.register = questions, selections, register
         self.model, self.max_tokens, self.backlog_per_day = model, max_tokens, backlog_per_day
         self.not_scanned: list[tuple[str, str, str]] = []  # (repo, path, why): files without symbols
@@ -97,8 +102,16 @@ class AnalysisDay:
         self.not_scanned += [(snapshot.repo, p, why) for p, why in sorted(selection.today.left_out.items())]
         self.skipped |= {f"{snapshot.repo}: {i}": why for i, why in sorted(selection.today.skipped.items())}
         keys = {s.id: analysis_key(self.model, s, self.max_tokens) for s in targets}
-        known = self.questions.answers(snapshot.repo, snapshot.repo_map, targets, keys, SYMBOL_ANALYSIS,
-                                       self.max_tokens, analysis_value, send)  # fmt: skip
+        known = self.questions.answers(
+            snapshot.repo,
+            snapshot.repo_map,
+            targets,
+            keys,
+            SYMBOL_ANALYSIS,
+            self.max_tokens,
+            analysis_value,
+            send,
+        )
         blobs = {f.path: f.blob for f in snapshot.files}
         rows = [symbol_row(s, blobs[s.path], AnalysisAnswer.model_validate(known[s.id])) for s in targets]
         accepted = {s.memo_key for s, r in zip(targets, rows, strict=True) if r.accepted}
@@ -170,17 +183,24 @@ def repo_analysis(
     store = artifact_store.store()
     questions = SymbolQuestions("repo_analysis", Memo(store, "analysis"))
     register = CoverageRegister(Memo(store, COVERAGE), "analysis")
-    day = AnalysisDay(questions, Memo(store, "tests_register"), register, cpu_lane.config.model,
-                      config.analysis_max_tokens, config.backlog_per_day)  # fmt: skip
+    day = AnalysisDay(
+        questions,
+        Memo(store, "tests_register"),
+        register,
+        cpu_lane.config.model,
+        config.analysis_max_tokens,
+        config.backlog_per_day,
+    )
     entries = {e.name: e for e in settings.repos.repos}
     repos: list[AnalysisRow] = []
     coverage: list[RepoCoverage] = []
     for snapshot in load_snapshots(store, context.partition_key):
         label = f"repo_analysis {snapshot.repo}"
         row, covered = day.run(
-            snapshot, repo_location(settings, entries[snapshot.repo]),
+            snapshot,
+            repo_location(settings, entries[snapshot.repo]),
             lambda requests, label=label: cpu_lane.run_batch(requests, log=context.log, label=label),
-        )  # fmt: skip
+        )
         repos.append(row)
         coverage += [covered] if covered is not None else []
     questions.check_failures(cpu_lane.config.max_failure_ratio)

@@ -111,7 +111,14 @@ def repo_coverage(
 def coverage_table(rows: Sequence[RepoCoverage]) -> Any:
     return md_table(
         ["repo", "symbols", "analysed", "with accepted test", "with accepted proposal"],
-        [(c.repo, c.symbols, f"{c.analysed} ({c.share('analysed'):.0%})",
-          f"{c.with_accepted_test} ({c.share('with_accepted_test'):.0%})",
-          f"{c.with_accepted_proposal} ({c.share('with_accepted_proposal'):.0%})") for c in rows],
-    )  # fmt: skip
+        [
+            (
+                c.repo,
+                c.symbols,
+                f"{c.analysed} ({c.share('analysed'):.0%})",
+                f"{c.with_accepted_test} ({c.share('with_accepted_test'):.0%})",
+                f"{c.with_accepted_proposal} ({c.share('with_accepted_proposal'):.0%})",
+            )
+            for c in rows
+        ],
+    )

@@ -81,17 +81,29 @@ def candidates_of_day(
             if item.symbol is None:
                 if item.path in changed.get(repo.repo, set()):
                     found.append(
-                        Candidate(task="explain", repo=repo.repo, path=item.path, code=source,
-                                  answer=explanation(item.analysis))
-                    )  # fmt: skip
+                        Candidate(
+                            task="explain",
+                            repo=repo.repo,
+                            path=item.path,
+                            code=source,
+                            answer=explanation(item.analysis),
+                        )
+                    )
                 continue
             symbol = symbols.get((item.path, item.symbol))
             if symbol is not None:  # gone from the file since it was analysed: nothing to show
                 shown = symbol_with_context(symbol)
                 found.append(
-                    Candidate(task="explain", repo=repo.repo, path=item.path, code=shown,
-                              answer=explanation(item.analysis), symbol=item.symbol, code_is_file=False)
-                )  # fmt: skip
+                    Candidate(
+                        task="explain",
+                        repo=repo.repo,
+                        path=item.path,
+                        code=shown,
+                        answer=explanation(item.analysis),
+                        symbol=item.symbol,
+                        code_is_file=False,
+                    )
+                )
     for test in tests:
         if test.accepted and test.code is not None:
             found.append(

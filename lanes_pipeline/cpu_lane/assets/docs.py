@@ -36,9 +36,14 @@ from lanes_pipeline.host import with_host_figures
 
 def doc_row(repo: str, result: DocsResult) -> GeneratedDocRow:
     """One row per symbol: its longest accepted docstring, or the rejection that got furthest."""
-    base = {"repo": repo, "path": result.path, "module": result.module, "symbol": result.name,
-            "sampled": len(result.answers),
-            "accepted_answers": sum(a.accepted for a in result.answers)}  # fmt: skip
+    base = {
+        "repo": repo,
+        "path": result.path,
+        "module": result.module,
+        "symbol": result.name,
+        "sampled": len(result.answers),
+        "accepted_answers": sum(a.accepted for a in result.answers),
+    }
     accepted = [a for a in result.answers if a.accepted]
     if accepted:
         best = max(accepted, key=lambda a: len(a.docstring or ""))
@@ -48,8 +53,14 @@ def doc_row(repo: str, result: DocsResult) -> GeneratedDocRow:
         if worst is None:
             return GeneratedDocRow(**base, verdict="no_answer", reason="no answer was sampled")
         best = worst
-    return GeneratedDocRow(**base, verdict=best.status, reason=best.reason[:600], docstring=best.docstring,
-                           documented=best.documented, diff=best.diff)  # fmt: skip
+    return GeneratedDocRow(
+        **base,
+        verdict=best.status,
+        reason=best.reason[:600],
+        docstring=best.docstring,
+        documented=best.documented,
+        diff=best.diff,
+    )
 
 
 def day_symbols(rows: list[GeneratedTestRow]) -> dict[str, list[str]]:
@@ -111,10 +122,12 @@ def generated_docs(
     for snapshot in load_snapshots(store, day):
         label = f"generated_docs {snapshot.repo}"
         found, covered = docs.run(
-            snapshot, repo_location(settings, entries[snapshot.repo]), chosen.get(snapshot.repo, []),
+            snapshot,
+            repo_location(settings, entries[snapshot.repo]),
+            chosen.get(snapshot.repo, []),
             lambda requests, label=label: cpu_lane.run_batch(requests, log=context.log, label=label),
             detected,
-        )  # fmt: skip
+        )
         results += found
         rows += [doc_row(snapshot.repo, r) for r in found]
         if covered is not None:
@@ -123,10 +136,16 @@ def generated_docs(
     for batch in docs.batches:
         usage.add(batch)
     transient = [i for b in docs.batches for i in b.failed() if is_transient(i)]
-    fail_on_transient_failures("generated_docs", transient, docs.asked, cpu_lane.config.max_failure_ratio,
-                               usage.metadata(results_memo.hits))  # fmt: skip
-    content_hash = write_partition(store, "generated_docs", day,
-                                   {"results.json": [r.model_dump(mode="json") for r in rows]})  # fmt: skip
+    fail_on_transient_failures(
+        "generated_docs",
+        transient,
+        docs.asked,
+        cpu_lane.config.max_failure_ratio,
+        usage.metadata(results_memo.hits),
+    )
+    content_hash = write_partition(
+        store, "generated_docs", day, {"results.json": [r.model_dump(mode="json") for r in rows]}
+    )
     counts = Counter(row.verdict for row in rows)
     accepted = counts.get("accepted", 0)
     sampled = kind_yield([r.tally for r in results])

@@ -55,9 +55,15 @@ class RefactorDay:
     each answer judged by `judge` within its symbol's lines."""
 
     def __init__(
-        self, questions: SymbolQuestions, judge: DiffJudge, selections: Memo, register: CoverageRegister,
-        model: str, max_tokens: int, backlog_per_day: int,
-    ) -> None:  # fmt: skip
+        self,
+        questions: SymbolQuestions,
+        judge: DiffJudge,
+        selections: Memo,
+        register: CoverageRegister,
+        model: str,
+        max_tokens: int,
+        backlog_per_day: int,
+    ) -> None:
         self.questions, self.judge, self.selections, self.register = questions, judge, selections, register
         self.model, self.max_tokens, self.backlog_per_day = model, max_tokens, backlog_per_day
 
@@ -69,8 +75,16 @@ class RefactorDay:
         selection = select_day(self.selections, snapshot, repo, self.backlog_per_day)
         targets = selection.targets()
         keys = {s.id: refactor_key(self.model, s, self.max_tokens) for s in targets}
-        known = self.questions.answers(snapshot.repo, snapshot.repo_map, targets, keys, SYMBOL_REFACTOR,
-                                       self.max_tokens, remembered_answer, send)  # fmt: skip
+        known = self.questions.answers(
+            snapshot.repo,
+            snapshot.repo_map,
+            targets,
+            keys,
+            SYMBOL_REFACTOR,
+            self.max_tokens,
+            remembered_answer,
+            send,
+        )
         blobs = {f.path: f.blob for f in snapshot.files}
         texts = {b: t.decode("utf-8") for b, t in read_blobs(repo, {blobs[s.path] for s in targets}).items()}
         scopes = {s.id: DiffScope(symbol=s, file_source=texts[blobs[s.path]]) for s in targets}
@@ -124,9 +138,15 @@ def refactor_proposals(
     store = artifact_store.store()
     questions = SymbolQuestions("refactor_proposals", Memo(store, "refactor_diff"))
     checks = Memo(store, "diff_check")
-    day = RefactorDay(questions, DiffJudge(checks, config.sandbox), Memo(store, "tests_register"),
-                      CoverageRegister(Memo(store, COVERAGE), "refactor"), cpu_lane.config.model,
-                      config.refactor_max_tokens, config.backlog_per_day)  # fmt: skip
+    day = RefactorDay(
+        questions,
+        DiffJudge(checks, config.sandbox),
+        Memo(store, "tests_register"),
+        CoverageRegister(Memo(store, COVERAGE), "refactor"),
+        cpu_lane.config.model,
+        config.refactor_max_tokens,
+        config.backlog_per_day,
+    )
     entries = {e.name: e for e in settings.repos.repos}
     tests = read_results(store, "generated_tests", context.partition_key, GeneratedTestRow)
     items: list[RefactorRow] = []
@@ -134,9 +154,11 @@ def refactor_proposals(
     for snapshot in load_snapshots(store, context.partition_key):
         label = f"refactor_proposals {snapshot.repo}"
         rows, covered = day.run(
-            snapshot, repo_location(settings, entries[snapshot.repo]), tests,
+            snapshot,
+            repo_location(settings, entries[snapshot.repo]),
+            tests,
             lambda requests, label=label: cpu_lane.run_batch(requests, log=context.log, label=label),
-        )  # fmt: skip
+        )
         items += rows
         coverage += [covered] if covered is not None else []
     questions.check_failures(cpu_lane.config.max_failure_ratio)

@@ -34,15 +34,28 @@ from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettin
 from lanes_pipeline.host import with_host_figures
 
 # Which rejection stands for a symbol without an accepted test: the one that got furthest.
-_FURTHEST = ("survives_mutant", "fails_on_commit", "no_usable_result", "probe_failed", "rejected_static",
-             "no_calls", "no_answer")  # fmt: skip
+_FURTHEST = (
+    "survives_mutant",
+    "fails_on_commit",
+    "no_usable_result",
+    "probe_failed",
+    "rejected_static",
+    "no_calls",
+    "no_answer",
+)
 
 
 def symbol_row(repo: str, result: SymbolTestResult) -> GeneratedTestRow:
     """One row per symbol: its longest accepted test, or the rejection that got furthest, with its reason."""
-    base = {"repo": repo, "path": result.path, "module": result.module, "symbol": result.name,
-            "test_file": result.test_file, "sampled": len(result.answers),
-            "accepted_answers": sum(a.accepted for a in result.answers)}  # fmt: skip
+    base = {
+        "repo": repo,
+        "path": result.path,
+        "module": result.module,
+        "symbol": result.name,
+        "test_file": result.test_file,
+        "sampled": len(result.answers),
+        "accepted_answers": sum(a.accepted for a in result.answers),
+    }
     if result.accepted_tests:
         code = max(result.accepted_tests, key=len)
         reason = next(a.reason for a in result.answers if a.accepted and a.test_code == code)
@@ -56,11 +69,34 @@ def symbol_row(repo: str, result: SymbolTestResult) -> GeneratedTestRow:
 
 def coverage_table(coverage: list[SymbolTestCoverage]) -> Any:
     return md_table(
-        ["repo", "symbols", "covered", "with accepted test", "share", "changed today", "backlog today",
-         "remaining", "not scanned", "no environment"],
-        [(c.repo, c.symbols, c.covered, c.with_accepted_test, f"{c.share():.0%}", c.changed_today,
-          c.backlog_today, c.remaining, len(c.left_out), c.environment) for c in coverage],
-    )  # fmt: skip
+        [
+            "repo",
+            "symbols",
+            "covered",
+            "with accepted test",
+            "share",
+            "changed today",
+            "backlog today",
+            "remaining",
+            "not scanned",
+            "no environment",
+        ],
+        [
+            (
+                c.repo,
+                c.symbols,
+                c.covered,
+                c.with_accepted_test,
+                f"{c.share():.0%}",
+                c.changed_today,
+                c.backlog_today,
+                c.remaining,
+                len(c.left_out),
+                c.environment,
+            )
+            for c in coverage
+        ],
+    )
 
 
 @asset(
@@ -104,10 +140,11 @@ def generated_tests(
     for snapshot in load_snapshots(store, context.partition_key):
         label = f"generated_tests {snapshot.repo}"
         found, covered = day.run(
-            snapshot, repo_location(settings, entries[snapshot.repo]),
+            snapshot,
+            repo_location(settings, entries[snapshot.repo]),
             lambda requests, label=label: cpu_lane.run_batch(requests, log=context.log, label=label),
             detected,
-        )  # fmt: skip
+        )
         results += found
         items += [symbol_row(snapshot.repo, r) for r in found]
         if covered is not None:
@@ -116,10 +153,19 @@ def generated_tests(
     for batch in day.batches:
         usage.add(batch)
     transient = [i for b in day.batches for i in b.failed() if is_transient(i)]
-    fail_on_transient_failures("generated_tests", transient, day.asked, cpu_lane.config.max_failure_ratio,
-                               usage.metadata(results_memo.hits))  # fmt: skip
-    content_hash = write_partition(store, "generated_tests", context.partition_key,
-                                   {"results.json": [i.model_dump(mode="json") for i in items]})  # fmt: skip
+    fail_on_transient_failures(
+        "generated_tests",
+        transient,
+        day.asked,
+        cpu_lane.config.max_failure_ratio,
+        usage.metadata(results_memo.hits),
+    )
+    content_hash = write_partition(
+        store,
+        "generated_tests",
+        context.partition_key,
+        {"results.json": [i.model_dump(mode="json") for i in items]},
+    )
     counts = Counter(item.verdict for item in items)
     accepted = counts.get("passed", 0)
     sampled = kind_yield([r.tally for r in results])
