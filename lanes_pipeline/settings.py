@@ -1,4 +1,4 @@
-"""Loading `configs/` into its models (config_models.py), with errors that name file, key and reason.
+"""Loading `configs/` into its models (config/models.py), with errors that name file, key and reason.
 
 Every problem of every file is collected and reported at once; the models forbid unknown keys."""
 
@@ -13,85 +13,85 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     CONFIG_FILES as CONFIG_FILES,
 )
-from lanes_pipeline.config_models import (  # the models, re-exported: callers import them from here
+from lanes_pipeline.config.models import (  # the models, re-exported: callers import them from here
     EMBEDDED as EMBEDDED,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     EMBEDDED_CPU_MANAGED_FLAGS as EMBEDDED_CPU_MANAGED_FLAGS,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     VLLM_LORA_RANKS as VLLM_LORA_RANKS,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     AdapterPathMap as AdapterPathMap,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     BandwidthConfig as BandwidthConfig,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     ConfigError as ConfigError,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     ConfigIssue as ConfigIssue,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     CpuAssetsConfig as CpuAssetsConfig,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     CpuEngineName as CpuEngineName,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     CpuLane as CpuLane,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     DatasetConfig as DatasetConfig,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     EmbeddedCpuServer as EmbeddedCpuServer,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     EmbeddedGpuServer as EmbeddedGpuServer,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     GpuLane as GpuLane,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     LaneConnection as LaneConnection,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     LanesConfig as LanesConfig,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     LoraSettings as LoraSettings,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     ModelEntry as ModelEntry,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     ModelsConfig as ModelsConfig,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     PipelineConfig as PipelineConfig,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     RepoEntry as RepoEntry,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     ReposConfig as ReposConfig,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     RetryPolicy as RetryPolicy,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     SandboxLimits as SandboxLimits,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     StrictModel as StrictModel,
 )
-from lanes_pipeline.config_models import (
+from lanes_pipeline.config.models import (
     TrainingConfig as TrainingConfig,
 )
 

@@ -35,9 +35,10 @@ from typing import Any
 import yaml
 from pydantic import Field
 
-from lanes_pipeline.config_base import Frozen
+from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.assets.common import read_results
-from lanes_pipeline.cpu_lane.repos import CommitSpec, LeftOut, Snapshot, build_history, is_test_path
+from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
+from lanes_pipeline.cpu_lane.repos import LeftOut, Snapshot, is_test_path
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at
 from lanes_pipeline.settings import Settings, edit_config_file, load_settings

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from pydantic import Field
 
-from lanes_pipeline.config_base import Frozen
+from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.symbols import Symbol
 
 

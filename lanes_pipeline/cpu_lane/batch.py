@@ -23,9 +23,9 @@ item goes to it, and its items in flight go back to the queue for the others. Th
 the request, so an item is committed once whichever server answers it. With every endpoint down the batch
 fails (AllEndpointsDownError), naming them; what was committed stays.
 
-The models live in `batch_models.py`, parsing and repair in `answer_parsing.py`, the figures in
-`batch_summary.py`, the slot bound in `slots.py`, the choice of endpoint in `endpoint_choice.py` and
-`endpoint_pool.py`.
+The models live in `batch_models.py`, how an item ends in `batch_outcomes.py`, parsing and repair in
+`answer_parsing.py`, the figures in `batch_summary.py`, the slot bound in `slots.py`, the choice of
+endpoint in `endpoint_choice.py` and `endpoint_pool.py`.
 """
 
 from __future__ import annotations
@@ -36,21 +36,28 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, FailureRecord, ResponseCache, cache_key
+from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, ResponseCache, cache_key
 from lanes_pipeline.cpu_lane.answer_parsing import ParseOutcome, parse_structured, repair_request
 from lanes_pipeline.cpu_lane.bandwidth import YieldReport
 from lanes_pipeline.cpu_lane.batch_models import (
     BatchConfig,
     BatchRequest,
-    FailureKind,
-    ItemFailure,
     ItemResult,
-    RequestMetrics,
     request_metrics,
+)
+from lanes_pipeline.cpu_lane.batch_outcomes import (
+    EMPTY_RESEED_STEP,
+    Answer,
+    ItemFailed,
+    Requeue,
+    Requeued,
+    Stopped,
+    failed,
+    failure_kind,
+    from_cache,
 )
 from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, BatchSummary, ProgressCallback, summarize
 from lanes_pipeline.cpu_lane.client import CpuClient, FittedPrompt, Overflow, ServerInfo
@@ -71,7 +78,7 @@ from lanes_pipeline.errors import (
     LaneUnreachableError,
     PromptTooLongError,
 )
-from lanes_pipeline.http import ChatMessage, ChatRequest, ChatResponse, backoff_delay
+from lanes_pipeline.http import ChatMessage, ChatRequest, backoff_delay
 
 
 class BatchResult(BaseModel):
@@ -83,51 +90,6 @@ class BatchResult(BaseModel):
 
     def failed(self) -> list[ItemResult]:
         return [r for r in self.results if r.status == "failed"]
-
-
-class _Stopped(Exception):
-    """Raised in a worker whose batch ended early (nobody reads it: the batch has already raised)."""
-
-
-class _Requeue(Exception):
-    """The item's endpoint went down: the item goes back to the queue for the others."""
-
-    def __init__(self, sent: int) -> None:
-        self.sent = sent
-
-
-@dataclass(frozen=True)
-class _Requeued:
-    index: int
-    sent: int  # completion requests it took on the endpoint that went down
-
-
-class _ItemFailed(Exception):
-    def __init__(self, kind: FailureKind, reason: str, sent: int) -> None:
-        self.kind, self.reason, self.sent = kind, reason, sent
-        super().__init__(reason)
-
-
-@dataclass
-class _Answer:
-    response: ChatResponse
-    metrics: RequestMetrics
-    sent: int  # completion requests it took, the client's retries and empty answers included
-    # Answers thrown away (empty; unparseable, then repaired) and their tokens, which the server counted.
-    discarded: int = 0
-    discarded_tokens: int = 0
-    # Each prompt the server evaluated for it (token ids; None when unknown), the kept answer's last.
-    prompts: list[tuple[int, ...]] | None = None
-
-
-# An empty answer of a sampled request is asked again with its seed moved by this much per try.
-EMPTY_RESEED_STEP = 1_000_003
-
-
-def failure_kind(error: LaneStatusError | LaneUnreachableError) -> FailureKind:
-    if isinstance(error, LaneUnreachableError):
-        return "unreachable"
-    return "server_error" if error.retryable else "http_error"
 
 
 class BatchRunner:
@@ -177,7 +139,7 @@ class BatchRunner:
         for index, (request, key) in enumerate(zip(requests, keys, strict=True)):
             entry = entries.get(key)
             if entry is not None and self._usable(entry, request, info):
-                results[index] = _from_cache(index, request, entry)
+                results[index] = from_cache(index, request, entry)
             else:
                 pending.append(index)
 
@@ -210,7 +172,7 @@ class BatchRunner:
 
         sent_order: dict[int, int] = {}  # item -> when it was first sent, for the reuse limit
 
-        def submit(i: int) -> Future[ItemResult | _Requeued]:
+        def submit(i: int) -> Future[ItemResult | Requeued]:
             sent_order.setdefault(i, len(sent_order))
             group = order.group_of.get(i)
             preferred = near.get(group) if group is not None else None
@@ -218,7 +180,7 @@ class BatchRunner:
             leads = i in order.waiting and len(order.waiting) == 1
             return threads.submit(self._run_item, i, requests[i], keys[i], info, preferred, leads)
 
-        remaining: set[Future[ItemResult | _Requeued]] = set()
+        remaining: set[Future[ItemResult | Requeued]] = set()
 
         def fill(after: int | None) -> None:
             while len(remaining) < limit and (i := order.next_after(after)) is not None:
@@ -231,7 +193,7 @@ class BatchRunner:
                 for future in finished:
                     # Only AuthenticationError, AllEndpointsDownError and bugs raise here: they end it.
                     result = future.result()
-                    if isinstance(result, _Requeued):  # its endpoint went down: ask another
+                    if isinstance(result, Requeued):  # its endpoint went down: ask another
                         lost_sends[result.index] += result.sent
                         remaining.add(submit(result.index))
                         continue
@@ -286,7 +248,7 @@ class BatchRunner:
         info: ServerInfo,
         preferred: int | None,
         leads: bool = False,
-    ) -> ItemResult | _Requeued:
+    ) -> ItemResult | Requeued:
         """The item on one endpoint, chosen now; `info` is the batch's (its weights fingerprint). `leads`:
         the first request of a prefix group runs in a slot of its own choosing, so the runner knows which
         slot to copy once it is answered."""
@@ -298,9 +260,9 @@ class BatchRunner:
             if slot is not None:
                 self._leader_slots[index] = (endpoint, slot)
             return result
-        except _Requeue as exc:
+        except Requeue as exc:
             self.pool.gave_back(endpoint)
-            return _Requeued(index, exc.sent)
+            return Requeued(index, exc.sent)
         finally:
             self.pool.release(endpoint)
 
@@ -356,11 +318,11 @@ class BatchRunner:
                     repaired = True
                 text, parsed = answer.response.text, outcome.value
         except PromptTooLongError as exc:
-            return self._failed(index, request, key, info, _ItemFailed("too_long", str(exc), sent))
-        except _ItemFailed as exc:
+            return failed(self.cache, index, request, key, info, ItemFailed("too_long", str(exc), sent))
+        except ItemFailed as exc:
             exc.sent += sent
-            return self._failed(index, request, key, info, exc)
-        except _Requeue as exc:
+            return failed(self.cache, index, request, key, info, exc)
+        except Requeue as exc:
             exc.sent += sent
             raise
         entry = CacheEntry(
@@ -405,9 +367,9 @@ class BatchRunner:
         endpoint: LiveEndpoint,
         request: BatchRequest,
         sent_messages: list[ChatMessage],
-        first: _Answer,
+        first: Answer,
         error: str,
-    ) -> tuple[_Answer, ParseOutcome]:
+    ) -> tuple[Answer, ParseOutcome]:
         """One repair attempt; still unparseable afterwards -> the item fails as 'unparseable'."""
         fixed = repair_request(
             request.model_copy(update={"messages": sent_messages}),
@@ -418,14 +380,14 @@ class BatchRunner:
         try:
             fitted = self._fit(endpoint, request.id, fixed.messages, None, fixed.max_tokens, "error")
         except PromptTooLongError:
-            raise _ItemFailed(
+            raise ItemFailed(
                 "unparseable", f"{error} (no room left in the context for a repair)", 0
             ) from None
         chat = fixed.chat_request(self.config.model_alias, fitted.messages)
         answer = self._send(endpoint, chat, request.id, fitted.token_ids)
         outcome = parse_structured(answer.response.text, request.output_model)
         if not outcome.ok:
-            raise _ItemFailed("unparseable", f"{error}; after one repair: {outcome.error}", answer.sent)
+            raise ItemFailed("unparseable", f"{error}; after one repair: {outcome.error}", answer.sent)
         answer.discarded += first.discarded + 1
         answer.discarded_tokens += first.discarded_tokens + first.metrics.completion_tokens
         answer.prompts = (
@@ -451,14 +413,14 @@ class BatchRunner:
             raise
         except (LaneStatusError, LaneUnreachableError) as exc:
             self._endpoint_trouble(endpoint, exc, 0)
-            raise _ItemFailed(failure_kind(exc), f"item {item!r}: {exc}", 0) from None
+            raise ItemFailed(failure_kind(exc), f"item {item!r}: {exc}", 0) from None
 
     def _endpoint_trouble(
         self, endpoint: LiveEndpoint, error: LaneStatusError | LaneUnreachableError, sent: int
     ) -> None:
         """A request failed: when it failed for its server's sake (unreachable; or 5xx and, with several
         endpoints, a failed health check) and another endpoint is up, the item goes back to the queue
-        (raises _Requeue); with none left the batch ends. Otherwise returns: the item fails as always."""
+        (raises Requeue); with none left the batch ends. Otherwise returns: the item fails as always."""
         assert self.pool is not None
         if isinstance(error, LaneStatusError) and (
             not error.retryable or self.pool.configured == 1 or self._healthy(endpoint)
@@ -466,7 +428,7 @@ class BatchRunner:
             return
         action = self.pool.failed(endpoint, str(error))
         if action == "requeue":
-            raise _Requeue(sent)
+            raise Requeue(sent)
         if action == "all_down":
             raise AllEndpointsDownError(self.pool.reports())
 
@@ -480,7 +442,7 @@ class BatchRunner:
 
     def _send(
         self, endpoint: LiveEndpoint, chat: ChatRequest, item: str, token_ids: tuple[int, ...] | None
-    ) -> _Answer:
+    ) -> Answer:
         """One completion (the client retries the HTTP request); an empty answer is asked again, as often
         as the lane's policy allows. Seen on ik_llama.cpp at temperature 0: a prompt evaluated whole can
         give end-of-text first, and asked again (its prefix now cached) it gets an answer.
@@ -509,58 +471,21 @@ class BatchRunner:
             try:
                 with endpoint.gate.hold():
                     if self._stopping.is_set():
-                        raise _Stopped(f"item {item!r} not sent: the batch was stopped")
+                        raise Stopped(f"item {item!r} not sent: the batch was stopped")
                     if not self.pool.is_up(endpoint):  # it went down while this item waited for a slot
-                        raise _Requeue(sent)
+                        raise Requeue(sent)
                     outcome = endpoint.client.chat_outcome(chat)
             except AuthenticationError:
                 raise  # a refused key ends the whole batch: every other item would fail the same way
             except (LaneStatusError, LaneConnectionError) as exc:
                 sent += exc.attempts
                 self._endpoint_trouble(endpoint, exc, sent)
-                raise _ItemFailed(failure_kind(exc), f"item {item!r}: {exc}", sent) from None
+                raise ItemFailed(failure_kind(exc), f"item {item!r}: {exc}", sent) from None
             sent += outcome.attempts
             if outcome.response.text.strip():
                 metrics = request_metrics(outcome.response, outcome.latency_s, chat.max_tokens)
                 prompts = None if token_ids is None else [token_ids] * (empty + 1)
-                return _Answer(outcome.response, metrics, sent, empty, empty_tokens, prompts)
+                return Answer(outcome.response, metrics, sent, empty, empty_tokens, prompts)
             empty, empty_tokens = empty + 1, empty_tokens + outcome.response.usage.completion_tokens
         reason = f"item {item!r}: the server answered with empty content (after {sent} attempts)"
-        raise _ItemFailed("empty", reason, sent)
-
-    def _failed(
-        self, index: int, request: BatchRequest, key: str, info: ServerInfo, failure: _ItemFailed
-    ) -> ItemResult:
-        record = FailureRecord(
-            key=key,
-            fingerprint=info.fingerprint,
-            item_id=request.id,
-            kind=failure.kind,
-            reason=failure.reason,
-            attempts=failure.sent,
-            failed_at=time.time(),
-        )
-        self.cache.record_failure(record)
-        return ItemResult(
-            index=index,
-            id=request.id,
-            key=key,
-            status="failed",
-            requests_sent=failure.sent,
-            failure=ItemFailure(kind=failure.kind, reason=failure.reason),
-        )
-
-
-def _from_cache(index: int, request: BatchRequest, entry: CacheEntry) -> ItemResult:
-    return ItemResult(
-        index=index,
-        id=request.id,
-        key=entry.key,
-        status="ok",
-        from_cache=True,
-        text=entry.text,
-        parsed=entry.parsed,
-        metrics=RequestMetrics.model_validate(entry.metrics),
-        repaired=entry.repaired,
-        shrunk=entry.shrunk_for_ctx is not None,
-    )
+        raise ItemFailed("empty", reason, sent)

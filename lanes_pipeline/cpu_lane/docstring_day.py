@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanes_pipeline.config_base import Frozen
+from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult, names_deterministic_failure
 from lanes_pipeline.cpu_lane.docstring_edit import DocstringError, Documented, document
@@ -43,9 +43,10 @@ from lanes_pipeline.cpu_lane.docstrings import (
     unsafe_examples,
     whole_answer,
 )
+from lanes_pipeline.cpu_lane.git import git
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.repo_env import dependency_files_at, ensure_env, read_dependencies
-from lanes_pipeline.cpu_lane.repos import Snapshot, git, is_test_path
+from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
 from lanes_pipeline.cpu_lane.sandbox import SANDBOX_INIT, SETUP_FAILED, CommandResult, Isolation, open_sandbox
 from lanes_pipeline.cpu_lane.symbol_tests import VerifyPlace
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from lanes_pipeline.config_base import Frozen
+from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.mutants import MutantKind, MutationError, mutants
 from lanes_pipeline.cpu_lane.sandbox import (
     SETUP_FAILED,

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import Field
 
-from lanes_pipeline.config_base import Frozen
+from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.backlog import is_covered
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, names_deterministic_failure

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from lanes_pipeline.config_base import Frozen
+from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.repos import module_name
 
 SymbolKind = Literal["function", "class", "method"]

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel
 
-from lanes_pipeline.config_models import ConfigError, ConfigIssue
+from lanes_pipeline.config.models import ConfigError, ConfigIssue
 
 # Dagster storages that may live in Postgres besides `storage: postgres:` (dagster_postgres.* classes).
 STORAGE_KEYS = ("run_storage", "event_log_storage", "schedule_storage")

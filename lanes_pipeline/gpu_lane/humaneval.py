@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lanes_pipeline.config_models import ExecutedEvalConfig
+from lanes_pipeline.config.models import ExecutedEvalConfig
 from lanes_pipeline.cpu_lane.sandbox import (
     SCRATCH,
     SETUP_FAILED,

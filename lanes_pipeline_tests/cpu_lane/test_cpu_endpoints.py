@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from lanes_pipeline.cli import main
-from lanes_pipeline.config_models import CpuLane, LanesConfig, normalised_url
+from lanes_pipeline.config.models import CpuLane, LanesConfig, normalised_url
 from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, ResponseCache
 from lanes_pipeline.cpu_lane.batch import BatchRunner
 from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest

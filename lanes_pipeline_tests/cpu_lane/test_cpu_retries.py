@@ -18,8 +18,9 @@ import httpx
 import pytest
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import EMPTY_RESEED_STEP, BatchRunner
+from lanes_pipeline.cpu_lane.batch import BatchRunner
 from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.batch_outcomes import EMPTY_RESEED_STEP
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.errors import AuthenticationError
 from lanes_pipeline.http import ChatMessage

@@ -45,8 +45,9 @@ from lanes_pipeline.cpu_lane.docstrings import (
     round_of,
     unsafe_examples,
 )
+from lanes_pipeline.cpu_lane.git import CommitSpec, build_history, ls_tree
 from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.repos import CommitSpec, FileEntry, Snapshot, build_history, language_of, ls_tree
+from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, language_of
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import GeneratedDocRow, GeneratedTestRow
 from lanes_pipeline.cpu_lane.sandbox import CommandResult, detect_isolation

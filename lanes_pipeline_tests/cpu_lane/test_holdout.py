@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, render
+from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo, training_leaks
 from lanes_pipeline.cpu_lane.holdout import (
     body_candidate,
@@ -23,7 +24,7 @@ from lanes_pipeline.cpu_lane.holdout import (
     mask,
     route,
 )
-from lanes_pipeline.cpu_lane.repos import CommitSpec, FileEntry, Snapshot, build_history
+from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at
 from lanes_pipeline.cpu_lane.symbols import all_symbols, scan_repo

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
+from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.mutants import mutants
 from lanes_pipeline.cpu_lane.oracles import (
     Observation,
@@ -21,7 +22,6 @@ from lanes_pipeline.cpu_lane.oracles import (
     probe_script,
     read_observations,
 )
-from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation, judge_test_file, open_sandbox
 from lanes_pipeline.settings import SandboxLimits
 

@@ -46,8 +46,9 @@ from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.assets.common import read_results
+from lanes_pipeline.cpu_lane.git import git
 from lanes_pipeline.cpu_lane.repo_env import dependency_files_at, ensure_env, read_dependencies
-from lanes_pipeline.cpu_lane.repos import Snapshot, git, is_test_path
+from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, RefactorRow
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation, export_commit, judge_test_file, open_sandbox

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.oracles import observe_calls
 from lanes_pipeline.cpu_lane.repo_env import (
     DependencySpec,
@@ -22,7 +23,6 @@ from lanes_pipeline.cpu_lane.repo_env import (
     is_dependency_file,
     read_dependencies,
 )
-from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
 from lanes_pipeline.settings import SandboxLimits
 
 PYPROJECT = """

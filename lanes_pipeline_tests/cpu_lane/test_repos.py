@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from lanes_pipeline.cpu_lane.git import CommitSpec, build_history, commit_as_of
 from lanes_pipeline.cpu_lane.repos import (
-    CommitSpec,
     SelectionRules,
-    build_history,
-    commit_as_of,
     end_of_day,
     ignored_paths,
     module_name,

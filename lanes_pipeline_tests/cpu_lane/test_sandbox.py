@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
+from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.safety import unsafe_calls
 from lanes_pipeline.cpu_lane.sandbox import (
     CommandResult,

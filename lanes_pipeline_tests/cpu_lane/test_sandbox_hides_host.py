@@ -22,7 +22,7 @@ import pytest
 
 import lanes_pipeline
 from lanes_pipeline.cpu_lane import sample_repo
-from lanes_pipeline.cpu_lane.repos import build_history
+from lanes_pipeline.cpu_lane.git import build_history
 from lanes_pipeline.cpu_lane.sandbox import (
     Isolation,
     detect_isolation,

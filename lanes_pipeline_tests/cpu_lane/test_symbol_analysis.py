@@ -19,9 +19,10 @@ from lanes_pipeline.cpu_lane.assets.refactor import RefactorDay
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import summarize
+from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.judging import DiffJudge
 from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.repos import CommitSpec, SelectionRules, Snapshot, build_history, take_snapshot
+from lanes_pipeline.cpu_lane.repos import SelectionRules, Snapshot, take_snapshot
 from lanes_pipeline.cpu_lane.rows import AnalysisAnswer
 from lanes_pipeline.cpu_lane.symbols import extract_symbols
 from lanes_pipeline.cpu_lane.tasks import FileAnalysis, symbol_defines, symbol_prompt

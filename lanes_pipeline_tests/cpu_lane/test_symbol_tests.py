@@ -15,7 +15,7 @@ from lanes_pipeline.cpu_lane.answer_cache import ResponseCache, cache_key
 from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, ItemResult
 from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.repos import CommitSpec, build_history
+from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.sandbox import detect_isolation
 from lanes_pipeline.cpu_lane.symbol_tests import (
     VerifyPlace,

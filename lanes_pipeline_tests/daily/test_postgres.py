@@ -20,7 +20,7 @@ import yaml
 from dagster import DagsterInstance
 from dagster_postgres import PostgresRunStorage
 
-from lanes_pipeline.config_models import ConfigError
+from lanes_pipeline.config.models import ConfigError
 from lanes_pipeline.daily import postgres
 from lanes_pipeline.daily.instance_storage import check_instance_storage, postgres_targets
 from lanes_pipeline.settings import project_root

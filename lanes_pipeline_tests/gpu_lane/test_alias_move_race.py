@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lanes_pipeline.config_models import RetryPolicy
+from lanes_pipeline.config.models import RetryPolicy
 from lanes_pipeline.errors import AdapterError
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline_tests.gpu_lane.fake_vllm import FakeVllm

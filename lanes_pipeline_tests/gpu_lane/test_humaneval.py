@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.config_models import ExecutedEvalConfig
+from lanes_pipeline.config.models import ExecutedEvalConfig
 from lanes_pipeline.cpu_lane.sandbox import Isolation, detect_isolation
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.client import VllmClient

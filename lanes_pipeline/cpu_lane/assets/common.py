@@ -15,9 +15,10 @@ from dagster import MetadataValue
 
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import DETERMINISTIC_FAILURES, ItemResult
+from lanes_pipeline.cpu_lane.git import read_blobs
 from lanes_pipeline.cpu_lane.memo import Memo
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
-from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, read_blobs
+from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.cpu_lane.rows import LaneUsageFigures, RowT, read_rows
 from lanes_pipeline.cpu_lane.sample_repo import EMBEDDED_REPO, ensure_sample_repo

@@ -22,9 +22,10 @@ from lanes_pipeline.cpu_lane.assets.docs import generated_docs
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, load_token_counter, save_dataset, shape
 from lanes_pipeline.cpu_lane.docstrings import docs_candidates
+from lanes_pipeline.cpu_lane.git import read_blobs
 from lanes_pipeline.cpu_lane.held_out_day import HELD_OUT_FILE, HeldOutDay, RepoHoldOut, held_out_of_repo
 from lanes_pipeline.cpu_lane.holdout import body_candidate, body_text, route, symbol_with_context
-from lanes_pipeline.cpu_lane.repos import Snapshot, read_blobs
+from lanes_pipeline.cpu_lane.repos import Snapshot
 from lanes_pipeline.cpu_lane.rows import (
     AnalysisRow,
     DatasetFigures,

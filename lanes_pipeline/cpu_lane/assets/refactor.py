@@ -33,9 +33,10 @@ from lanes_pipeline.cpu_lane.assets.common import (
 )
 from lanes_pipeline.cpu_lane.assets.tests import generated_tests
 from lanes_pipeline.cpu_lane.backlog import RepoCoverage
+from lanes_pipeline.cpu_lane.git import read_blobs
 from lanes_pipeline.cpu_lane.judging import DiffJudge, DiffScope
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repos import Snapshot, read_blobs
+from lanes_pipeline.cpu_lane.repos import Snapshot
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, RefactorFigures, RefactorRow, RememberedAnswer
 from lanes_pipeline.cpu_lane.symbol_test_day import select_day

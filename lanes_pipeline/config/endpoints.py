@@ -7,7 +7,7 @@ import re
 
 from pydantic import Field, field_validator
 
-from lanes_pipeline.config_base import EMBEDDED, StrictModel, check_base_url, check_env_var_name
+from lanes_pipeline.config.base import EMBEDDED, StrictModel, check_base_url, check_env_var_name
 
 
 def normalised_url(url: str) -> str:

@@ -1,5 +1,5 @@
 """What every config model builds on: the error that lists every bad value, the strict base model, and
-the checks of a server URL and an environment variable name (`config_models.py` re-exports them); and the
+the checks of a server URL and an environment variable name (`config/models.py` re-exports them); and the
 one frozen base of the pipeline's own rows and results."""
 
 from __future__ import annotations

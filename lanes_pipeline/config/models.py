@@ -12,14 +12,14 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from lanes_pipeline.config_base import EMBEDDED as EMBEDDED
-from lanes_pipeline.config_base import ConfigError as ConfigError
-from lanes_pipeline.config_base import ConfigIssue as ConfigIssue
-from lanes_pipeline.config_base import StrictModel as StrictModel
-from lanes_pipeline.config_base import check_base_url, check_env_var_name
-from lanes_pipeline.config_endpoints import CpuEndpoint as CpuEndpoint
-from lanes_pipeline.config_endpoints import duplicate_endpoints
-from lanes_pipeline.config_endpoints import normalised_url as normalised_url
+from lanes_pipeline.config.base import EMBEDDED as EMBEDDED
+from lanes_pipeline.config.base import ConfigError as ConfigError
+from lanes_pipeline.config.base import ConfigIssue as ConfigIssue
+from lanes_pipeline.config.base import StrictModel as StrictModel
+from lanes_pipeline.config.base import check_base_url, check_env_var_name
+from lanes_pipeline.config.endpoints import CpuEndpoint as CpuEndpoint
+from lanes_pipeline.config.endpoints import duplicate_endpoints
+from lanes_pipeline.config.endpoints import normalised_url as normalised_url
 
 # vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
