@@ -43,15 +43,21 @@ from lanes_pipeline.cpu_lane.docstrings import (
     unsafe_examples,
     whole_answer,
 )
-from lanes_pipeline.cpu_lane.git import git
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
-from lanes_pipeline.cpu_lane.sandbox import SANDBOX_INIT, SETUP_FAILED, CommandResult, Isolation, open_sandbox
 from lanes_pipeline.cpu_lane.symbol_tests import VerifyPlace
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at
 from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.verified_sampling import DEFAULT_TEMPERATURE, TargetTally, sample_id
+from lanes_pipeline.git import git
+from lanes_pipeline.sandbox.isolation import (
+    SANDBOX_INIT,
+    SETUP_FAILED,
+    CommandResult,
+    Isolation,
+    open_sandbox,
+)
+from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.settings import SandboxLimits
 
 DOCS_VERSION = 1  # bump when the prompt, the checks or the gate change: remembered results are forgotten

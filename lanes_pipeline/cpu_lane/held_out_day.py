@@ -26,9 +26,9 @@ from lanes_pipeline.cpu_lane.holdout import (
     leaked,
 )
 from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
-from lanes_pipeline.cpu_lane.sandbox import Isolation, open_sandbox, run_pytest_outcomes
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at
 from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest_outcomes
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore
 

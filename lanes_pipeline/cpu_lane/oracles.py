@@ -26,7 +26,7 @@ from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.mutants import MutantKind, MutationError, mutants
-from lanes_pipeline.cpu_lane.sandbox import (
+from lanes_pipeline.sandbox.isolation import (
     SETUP_FAILED,
     CommandResult,
     Isolation,

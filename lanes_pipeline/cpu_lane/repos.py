@@ -22,8 +22,8 @@ import pathspec
 from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.git import TreeEntry, commit_as_of, commit_time, ls_tree, read_blobs
 from lanes_pipeline.cpu_lane.safety import injection_markers
+from lanes_pipeline.git import TreeEntry, commit_as_of, commit_time, ls_tree, read_blobs
 
 # ---------------------------------------------------------------------------------------------------------
 # Models

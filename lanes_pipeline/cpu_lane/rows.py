@@ -14,10 +14,10 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from lanes_pipeline.cpu_lane.docstrings import DocStatus
-from lanes_pipeline.cpu_lane.sandbox import Outcome, Verdict
 from lanes_pipeline.cpu_lane.symbol_tests import SymbolRejection
 from lanes_pipeline.cpu_lane.tasks import DiffRejection, FileAnalysis
 from lanes_pipeline.cpu_lane.verification import DiffVerdict
+from lanes_pipeline.sandbox.isolation import Outcome, Verdict
 
 
 def _unset(value: object) -> bool:

@@ -25,12 +25,12 @@ from lanes_pipeline.cpu_lane.backlog import is_covered
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, names_deterministic_failure
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
-from lanes_pipeline.cpu_lane.sandbox import Isolation
 from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
 from lanes_pipeline.cpu_lane.symbol_work import SymbolsAt, day_work, symbols_at
 from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.sandbox.isolation import Isolation
+from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.settings import SandboxLimits
 
 DAY_VERSION = 1  # bump when the selection or the job changes in a way that should forget remembered results

@@ -41,14 +41,6 @@ from lanes_pipeline.cpu_lane.oracles import (
 )
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind, register
 from lanes_pipeline.cpu_lane.repos import is_test_path
-from lanes_pipeline.cpu_lane.sandbox import (
-    Isolation,
-    RunReport,
-    Sandbox,
-    judge_test_file,
-    open_sandbox,
-    run_pytest,
-)
 from lanes_pipeline.cpu_lane.symbols import Symbol, names_in, test_functions
 from lanes_pipeline.cpu_lane.tasks import extract_block, static_test_problem
 from lanes_pipeline.cpu_lane.verified_sampling import (
@@ -60,6 +52,14 @@ from lanes_pipeline.cpu_lane.verified_sampling import (
     samples_of,
 )
 from lanes_pipeline.http import ChatMessage
+from lanes_pipeline.sandbox.isolation import (
+    Isolation,
+    RunReport,
+    Sandbox,
+    judge_test_file,
+    open_sandbox,
+    run_pytest,
+)
 from lanes_pipeline.settings import SandboxLimits
 
 TestStyle = Literal["oracle", "assertions"]

@@ -16,10 +16,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.backlog import DayWork, choose_work
-from lanes_pipeline.cpu_lane.git import ls_tree, read_blobs
 from lanes_pipeline.cpu_lane.holdout import symbol_problem
 from lanes_pipeline.cpu_lane.repos import is_test_path
 from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, diff_scans, reference_counts, scan_repo
+from lanes_pipeline.git import ls_tree, read_blobs
 
 
 class SymbolsAt(BaseModel):

@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from lanes_pipeline.cpu_lane.sandbox import Isolation, TestVerdict, judge_test_file, open_sandbox, run_pytest
 from lanes_pipeline.cpu_lane.tasks import ParsedDiff, static_test_problem, test_module_name
+from lanes_pipeline.sandbox.isolation import Isolation, TestVerdict, judge_test_file, open_sandbox, run_pytest
 from lanes_pipeline.settings import SandboxLimits
 
 PROPOSAL = ".lanes/proposal.diff"

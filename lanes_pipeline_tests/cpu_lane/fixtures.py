@@ -15,9 +15,9 @@ from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
 from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
 from lanes_pipeline.cpu_lane.batch_summary import ProgressCallback
 from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
+from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.settings import RetryPolicy, Settings
 
 COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "black", "white", "brown", "pink", "gray")

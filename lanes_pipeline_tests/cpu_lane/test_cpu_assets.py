@@ -31,12 +31,12 @@ from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.checks import build_checks
-from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import LaneUsageFigures, RefactorVerdict, TestRowVerdict
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
+from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.prometheus import MetricsSnapshot
 from lanes_pipeline.settings import CpuLane, Settings, load_settings
 from lanes_pipeline.store import ArtifactStore

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from lanes_pipeline.cpu_lane.dataset_writer import Candidate, render
-from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo, training_leaks
 from lanes_pipeline.cpu_lane.holdout import (
     body_candidate,
@@ -25,9 +24,10 @@ from lanes_pipeline.cpu_lane.holdout import (
     route,
 )
 from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
-from lanes_pipeline.cpu_lane.sandbox import detect_isolation
 from lanes_pipeline.cpu_lane.symbol_work import symbols_at
 from lanes_pipeline.cpu_lane.symbols import all_symbols, scan_repo
+from lanes_pipeline.git import CommitSpec, build_history
+from lanes_pipeline.sandbox.isolation import detect_isolation
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline_tests.cpu_lane.fixtures import SHAPES_MODULE, SHAPES_TESTS, shapes_repo
 

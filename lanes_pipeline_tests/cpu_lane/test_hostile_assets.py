@@ -38,10 +38,10 @@ from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.checks import build_checks
-from lanes_pipeline.cpu_lane.git import build_history
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
+from lanes_pipeline.git import build_history
 from lanes_pipeline.settings import CpuLane, Settings, load_settings
 from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.hostile_corpus import (

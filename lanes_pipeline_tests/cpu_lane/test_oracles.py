@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
-from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.mutants import mutants
 from lanes_pipeline.cpu_lane.oracles import (
     Observation,
@@ -22,7 +21,8 @@ from lanes_pipeline.cpu_lane.oracles import (
     probe_script,
     read_observations,
 )
-from lanes_pipeline.cpu_lane.sandbox import detect_isolation, judge_test_file, open_sandbox
+from lanes_pipeline.git import CommitSpec, build_history
+from lanes_pipeline.sandbox.isolation import detect_isolation, judge_test_file, open_sandbox
 from lanes_pipeline.settings import SandboxLimits
 
 DAY3 = Path(sample_repo.__file__).parent / "day3"

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.git import CommitSpec, build_history, commit_as_of
 from lanes_pipeline.cpu_lane.repos import (
     SelectionRules,
     end_of_day,
@@ -18,6 +17,7 @@ from lanes_pipeline.cpu_lane.repos import (
     take_snapshot,
 )
 from lanes_pipeline.cpu_lane.sample_repo import HISTORY, ensure_sample_repo
+from lanes_pipeline.git import CommitSpec, build_history, commit_as_of
 from lanes_pipeline.settings import CpuAssetsConfig
 
 SOURCE_V1 = "def area(w: float, h: float) -> float:\n    return w * h\n"

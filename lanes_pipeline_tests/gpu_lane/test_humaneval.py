@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from lanes_pipeline.config.models import ExecutedEvalConfig
-from lanes_pipeline.cpu_lane.sandbox import Isolation, detect_isolation
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.humaneval import (
@@ -25,6 +24,7 @@ from lanes_pipeline.gpu_lane.humaneval import (
     load_problems,
     program,
 )
+from lanes_pipeline.sandbox.isolation import Isolation, detect_isolation
 from lanes_pipeline.settings import SandboxLimits, Settings
 
 LIMITS = SandboxLimits(timeout_s=5, memory_mb=768)

@@ -27,11 +27,11 @@ from lanes_pipeline.cpu_lane.docstrings import FURTHEST
 from lanes_pipeline.cpu_lane.memo import Memo
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.cpu_lane.rows import GeneratedDocRow, GeneratedDocsFigures, GeneratedTestRow
-from lanes_pipeline.cpu_lane.sandbox import Isolation, detect_isolation
 from lanes_pipeline.cpu_lane.verified_sampling import kind_yield
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.sandbox.isolation import Isolation, detect_isolation
 
 
 def doc_row(repo: str, result: DocsResult) -> GeneratedDocRow:

@@ -33,7 +33,6 @@ from lanes_pipeline.cpu_lane.assets.common import (
 )
 from lanes_pipeline.cpu_lane.assets.tests import generated_tests
 from lanes_pipeline.cpu_lane.backlog import RepoCoverage
-from lanes_pipeline.cpu_lane.git import read_blobs
 from lanes_pipeline.cpu_lane.judging import DiffJudge, DiffScope
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.repos import Snapshot
@@ -44,6 +43,7 @@ from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import SYMBOL_REFACTOR, TASKS_VERSION
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.git import read_blobs
 from lanes_pipeline.host import with_host_figures
 
 

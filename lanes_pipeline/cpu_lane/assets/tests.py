@@ -25,13 +25,13 @@ from lanes_pipeline.cpu_lane.assets.common import (
 from lanes_pipeline.cpu_lane.memo import Memo
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, GeneratedTestsFigures
-from lanes_pipeline.cpu_lane.sandbox import Isolation, detect_isolation
 from lanes_pipeline.cpu_lane.symbol_test_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
 from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult
 from lanes_pipeline.cpu_lane.verified_sampling import kind_yield
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.sandbox.isolation import Isolation, detect_isolation
 
 # Which rejection stands for a symbol without an accepted test: the one that got furthest.
 _FURTHEST = (

@@ -21,7 +21,7 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
-from lanes_pipeline.cpu_lane.git import CommitSpec, GitError, build_history, git
+from lanes_pipeline.git import CommitSpec, GitError, build_history, git
 
 HERE = Path(__file__).resolve().parent
 EMBEDDED_REPO = "embedded"

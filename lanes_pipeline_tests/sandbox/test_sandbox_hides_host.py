@@ -22,15 +22,15 @@ import pytest
 
 import lanes_pipeline
 from lanes_pipeline.cpu_lane import sample_repo
-from lanes_pipeline.cpu_lane.git import build_history
-from lanes_pipeline.cpu_lane.sandbox import (
+from lanes_pipeline.embedded.engines import engines_dir
+from lanes_pipeline.git import build_history
+from lanes_pipeline.sandbox.isolation import (
     Isolation,
     detect_isolation,
     interpreter_folders,
     open_sandbox,
     run_pytest_outcomes,
 )
-from lanes_pipeline.embedded.engines import engines_dir
 from lanes_pipeline.settings import SandboxLimits
 
 CHECKOUT = Path(lanes_pipeline.__file__).resolve().parent.parent

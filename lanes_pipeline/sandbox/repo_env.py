@@ -40,7 +40,7 @@ from packaging.utils import canonicalize_name
 from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.git import ls_tree, read_blobs
+from lanes_pipeline.git import ls_tree, read_blobs
 
 ENV_FORMAT = 1  # bump when the way environments are built changes: every hash changes with it
 TEST_GROUPS = frozenset({"test", "tests", "dev", "testing"})

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.oracles import observe_calls
-from lanes_pipeline.cpu_lane.repo_env import (
+from lanes_pipeline.git import CommitSpec, build_history
+from lanes_pipeline.sandbox.repo_env import (
     DependencySpec,
     dependency_files_at,
     ensure_env,

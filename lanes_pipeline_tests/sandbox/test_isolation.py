@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.git import CommitSpec, build_history
 from lanes_pipeline.cpu_lane.safety import unsafe_calls
-from lanes_pipeline.cpu_lane.sandbox import (
+from lanes_pipeline.cpu_lane.tasks import parse_diff, static_test_problem
+from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff, judge_generated_test
+from lanes_pipeline.git import CommitSpec, build_history
+from lanes_pipeline.sandbox.isolation import (
     CommandResult,
     Isolation,
     RunReport,
@@ -27,8 +29,6 @@ from lanes_pipeline.cpu_lane.sandbox import (
     read_run,
     run_pytest,
 )
-from lanes_pipeline.cpu_lane.tasks import parse_diff, static_test_problem
-from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff, judge_generated_test
 from lanes_pipeline.settings import SandboxLimits
 
 CALC = "def add(a, b):\n    return a + b\n\n\ndef halve(x):\n    return x / 2\n"

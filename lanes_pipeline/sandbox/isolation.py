@@ -65,7 +65,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from lanes_pipeline.cpu_lane.git import git
+from lanes_pipeline.git import git
 from lanes_pipeline.settings import SandboxLimits
 
 SANDBOX_INIT = Path(__file__).with_name("sandbox_init.py")

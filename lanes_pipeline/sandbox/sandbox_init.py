@@ -3,7 +3,7 @@ that holds only what the command may see, sets the limits, drops privileges and 
 
 Standard library only and run by path (`python -I sandbox_init.py SPEC`), so nothing of the project is
 imported inside the sandbox.
-`lanes_pipeline.cpu_lane.sandbox` builds the spec and starts this under `unshare`.
+`lanes_pipeline.sandbox.isolation` builds the spec and starts this under `unshare`.
 
 Steps, in order (each failure aborts with exit 125 before any untrusted code runs):
 1. every mount becomes private, so nothing below propagates back to the host;
