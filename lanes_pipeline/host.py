@@ -111,11 +111,12 @@ def refuse_after_stop() -> None:
 def stopped_step(interrupt: BaseException) -> Failure:
     """What a step interrupted by Ctrl-C or SIGTERM raises instead. Dagster raises the interrupt inside the
     step (it maps SIGTERM to its SIGINT handler while it executes) and, when the step has a retry policy,
-    retries it after the policy's delay, so the run went on (SIGTERM) or ended only after that wait (SIGHUP,
-    seen: 44 s). A Failure that allows no retry ends the step now, and the steps after it refuse to run."""
+    retries it after the policy's delay, so the run went on (SIGTERM) or ended only after that wait (SIGHUP).
+    A Failure that allows no retry ends the step now, and the steps after it refuse to run."""
     STOP_REQUESTED.set()
-    return Failure(f"the step was interrupted ({type(interrupt).__name__}): stopped, not retried",
-                   allow_retries=False)  # fmt: skip
+    return Failure(
+        f"the step was interrupted ({type(interrupt).__name__}): stopped, not retried", allow_retries=False
+    )
 
 
 def failed_for_good(exc: Exception) -> Failure:
@@ -123,8 +124,10 @@ def failed_for_good(exc: Exception) -> Failure:
     that skips the step's retry policy, naming the error and, from its notes (errors.about), the item that
     caused it. The same inputs raise it again, so retrying with backoff only delays the day's failure."""
     notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", []))
-    return Failure(f"{type(exc).__name__}: {exc}{notes}\n(not retried: the same inputs raise it again)",
-                   allow_retries=False)  # fmt: skip
+    return Failure(
+        f"{type(exc).__name__}: {exc}{notes}\n(not retried: the same inputs raise it again)",
+        allow_retries=False,
+    )
 
 
 def _reraise(exc: Exception) -> None:

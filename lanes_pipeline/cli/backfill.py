@@ -57,8 +57,8 @@ mutation LanesBackfill($params: LaunchBackfillParams!) {
 }
 """
 # Loading the workspace starts a code server in the child's process group; a stopped submission is killed
-# with it at once: given a grace period, dagster-graphql finished the mutation first (seen in CI), and the
-# backfill the user stopped went to the daemon anyway.
+# with it at once: given a grace period, dagster-graphql can finish the mutation first, and the
+# backfill the user stopped would go to the daemon anyway.
 SUBMIT_GRACE_S = 0.0
 # Where Dagster finds daily_lanes: workspace.yaml's location, the default repository of a Definitions, and
 # the partition set Dagster names after a partitioned job.

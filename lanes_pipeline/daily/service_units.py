@@ -105,9 +105,16 @@ def _publish(spec: ServiceSpec, server: LaneServer, with_pid: bool) -> list[str]
     """Wait until the lane answers, then publish it for the daemon's runs. systemd gives the server's pid;
     elsewhere `publish` takes the port's listener."""
     publish = _lanes_cli(
-        spec, "publish", server.lane, "--url", f"http://127.0.0.1:{server.port}",
-        "--ready-path", server.ready_path, "--timeout", f"{server.ready_timeout_s:g}",
-    )  # fmt: skip
+        spec,
+        "publish",
+        server.lane,
+        "--url",
+        f"http://127.0.0.1:{server.port}",
+        "--ready-path",
+        server.ready_path,
+        "--timeout",
+        f"{server.ready_timeout_s:g}",
+    )
     return [*publish, "--pid", "$MAINPID"] if with_pid else publish
 
 
@@ -297,7 +304,7 @@ def render_compose(spec: ServiceSpec) -> str:
         {str(path) for path in (spec.project_root, spec.data_dir, spec.config_dir, spec.engines_dir)}
     )
     common = {
-        "image": "${LANES_IMAGE:?set LANES_IMAGE to your image with this project's Python (see README)}",
+        "image": "${LANES_IMAGE:?set LANES_IMAGE: an image with this project's Python (docs/operations.md)}",
         "network_mode": "host",
         "pid": "host",
         "restart": "on-failure",

@@ -79,9 +79,9 @@ class ServerCommand:
 # path (micro-batches of 64+ tokens, Q4_1) gives other logits than one token at a time, so at temperature 0
 # a prompt evaluated whole was answered differently from the same prompt served from the prefix cache (3-7
 # of 10 prompts; upstream 1), sometimes with end-of-text at once, and the regression oracles got 0 of 6
-# targets (with 32: 1 of 10 prompts differed, and the oracle test passes). Prompt speed measured the same
-# (2026-12-01, quiet 2 cores, SmolLM2 Q4_1, prompts of 391 / 1032 / 1544 tokens: 1031 / 605 / 401 tok/s at
-# 32 against 1039 / 614 / 358 at 512). Each default stands unless extra_args sets it.
+# targets (with 32: 1 of 10 prompts differed, and the oracle test passes), while prompt speed on 2 cores
+# stayed within a few percent of 512's at 391-1544 prompt tokens. Each default stands unless extra_args
+# sets it.
 IK_DEFAULTS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("-fa", "--flash-attn", "-no-fa", "--no-flash-attn"), ("-fa", "off")),
     # One pair: a user who sets either size sets the batching, and gets neither of ours.
@@ -96,14 +96,20 @@ def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
     binary = engines.cpu_server_binary(embedded.engine, data)
     argv = [
         str(binary),
-        "-m", str(engines.embedded_gguf(data)),
-        "-a", lane.model_alias,
-        "-np", str(embedded.parallel),
-        "-c", str(embedded.ctx_size),
+        "-m",
+        str(engines.embedded_gguf(data)),
+        "-a",
+        lane.model_alias,
+        "-np",
+        str(embedded.parallel),
+        "-c",
+        str(embedded.ctx_size),
         "--metrics",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-    ]  # fmt: skip
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     if embedded.threads:
         argv += ["-t", str(embedded.threads)]
     given = {arg.split("=", 1)[0] for arg in embedded.extra_args}
@@ -145,17 +151,27 @@ def vllm_server_command(lane: GpuLane, data: Path, port: int) -> ServerCommand:
     python = engines.vllm_python(data)
     model_dir = engines.embedded_hf_model(data)
     argv = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--served-model-name", lane.served_model_name,
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        lane.served_model_name,
         "--enable-lora",
-        "--max-loras", str(lane.max_loras),
-        "--max-lora-rank", str(lane.max_lora_rank),
-        "--max-model-len", str(lane.embedded.max_model_len),
-        "--dtype", lane.embedded.dtype,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-    ]  # fmt: skip
+        "--max-loras",
+        str(lane.max_loras),
+        "--max-lora-rank",
+        str(lane.max_lora_rank),
+        "--max-model-len",
+        str(lane.embedded.max_model_len),
+        "--dtype",
+        lane.embedded.dtype,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     env = {
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
         "VLLM_CPU_KVCACHE_SPACE": str(lane.embedded.kv_cache_gib),
