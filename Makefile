@@ -60,10 +60,10 @@ bench-docs: $(STAMPS)/venv
 # `source $(PG_DIR)/env` points `make run` / `make dev` at it; `make postgres-stop` stops it.
 PG_DIR ?= $(CURDIR)/data/postgres
 postgres: $(STAMPS)/venv
-	$(BIN)/python -m lanes_pipeline.daily.postgres start --dir $(PG_DIR) $(if $(PG_PORT),--port $(PG_PORT))
+	$(BIN)/python -m lanes_pipeline.deploy.postgres start --dir $(PG_DIR) $(if $(PG_PORT),--port $(PG_PORT))
 
 postgres-stop: $(STAMPS)/venv
-	$(BIN)/python -m lanes_pipeline.daily.postgres stop --dir $(PG_DIR)
+	$(BIN)/python -m lanes_pipeline.deploy.postgres stop --dir $(PG_DIR)
 
 clean:
 	rm -rf $(VENV) $(STAMPS) data/run

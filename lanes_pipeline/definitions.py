@@ -14,15 +14,16 @@ from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.daily import lane_probes
-from lanes_pipeline.daily.jobs import JOBS
-from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily, with_training_window
+from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
-from lanes_pipeline.daily.schedules import daily_schedule, lane_benchmarks_schedule
 from lanes_pipeline.gpu_lane import assets as gpu_lane
 from lanes_pipeline.gpu_lane.checks import build_gpu_checks
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.gpu_lane.sensors import SENSORS
+from lanes_pipeline.loop import lane_probes
+from lanes_pipeline.loop.jobs import JOBS
+from lanes_pipeline.loop.lineage import with_training_window
+from lanes_pipeline.loop.schedules import daily_schedule, lane_benchmarks_schedule
 from lanes_pipeline.observatory import assets as observatory
 from lanes_pipeline.settings import Settings, load_settings
 

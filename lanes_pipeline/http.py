@@ -283,6 +283,10 @@ class OpenAIClient:
             attempts,
         )
 
+    def metrics_text(self) -> str:
+        """GET /metrics as Prometheus text: both servers serve it (llama-server with `--metrics`)."""
+        return self.expect_ok(self.request("GET", "/metrics")).text
+
     def models(self) -> ModelList:
         return ModelList.model_validate(self.expect_ok(self.request("GET", "/v1/models")).json())
 

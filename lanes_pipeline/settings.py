@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from lanes_pipeline.config.files import file_issues, path_label, read_yaml
 from lanes_pipeline.config.models import (
     CONFIG_FILES as CONFIG_FILES,
 )
@@ -94,55 +95,7 @@ from lanes_pipeline.config.models import (
 from lanes_pipeline.config.models import (
     TrainingConfig as TrainingConfig,
 )
-
-
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
-def _reason(error: Any) -> str:
-    kind, value = error["type"], error.get("input")
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required key is missing"
-    if kind == "value_error":
-        return str(error["ctx"]["error"])
-    if kind in {
-        "int_parsing",
-        "int_type",
-        "float_parsing",
-        "float_type",
-        "bool_parsing",
-        "bool_type",
-        "string_type",
-        "list_type",
-        "date_from_datetime_parsing",
-        "date_parsing",
-        "model_type",
-        "int_from_float",
-        "dict_type",
-    }:
-        return f"{value!r} is not valid: {_lower_first(error['msg'])}"
-    if kind == "literal_error":
-        return f"{value!r} is not one of {error['ctx']['expected'].replace(chr(39), '')}"
-    return f"{value!r}: {_lower_first(error['msg'])}"
-
-
-def _lower_first(text: str) -> str:
-    return text[:1].lower() + text[1:]
-
-
-def _file_issues(file: str, exc: ValidationError) -> list[ConfigIssue]:
-    issues = []
-    for error in exc.errors():
-        # Model validators report at the model's own location; pydantic marks nothing else on the loc.
-        loc = tuple(part for part in error["loc"] if part != "__root__")
-        issues.append(ConfigIssue(file, _key_path(loc), _reason(error)))
-    return issues
+from lanes_pipeline.config.trials import TRIALS_FILE, trials_issues
 
 
 @dataclass(frozen=True)
@@ -193,24 +146,7 @@ CONFIG_MODELS: dict[str, type[StrictModel]] = {
 }
 
 
-def _read_yaml(path: Path, label: str) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
-    if not path.exists():
-        return None, [ConfigIssue(label, "", "file not found")]
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        return None, [ConfigIssue(label, "", f"invalid YAML: {where}{problem}")]
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        return None, [ConfigIssue(label, "", f"top level must be a mapping, got {type(raw).__name__}")]
-    return raw, []
-
-
-def _cross_file_issues(labels: dict[str, str], parsed: dict[str, StrictModel]) -> list[ConfigIssue]:
+def _crossfile_issues(labels: dict[str, str], parsed: dict[str, StrictModel]) -> list[ConfigIssue]:
     lanes, models = parsed.get("lanes.yaml"), parsed.get("models.yaml")
     if not isinstance(lanes, LanesConfig) or not isinstance(models, ModelsConfig):
         return []
@@ -234,32 +170,30 @@ def _cross_file_issues(labels: dict[str, str], parsed: dict[str, StrictModel]) -
     return issues
 
 
-def _optional_file_issues(config_dir: Path, parsed: dict[str, StrictModel]) -> list[ConfigIssue]:
+def _optionalfile_issues(config_dir: Path, parsed: dict[str, StrictModel]) -> list[ConfigIssue]:
     """Optional files, validated when present; their models live beside the code that uses them."""
-    from lanes_pipeline.observatory.trial_config import TRIALS_FILE, trials_issues  # builds on this module
-
     models = parsed.get("models.yaml")
     names = {entry.name for entry in models.models} if isinstance(models, ModelsConfig) else None
-    return trials_issues(config_dir, _label(config_dir / TRIALS_FILE), names)
+    return trials_issues(config_dir, path_label(config_dir / TRIALS_FILE), names)
 
 
 def load_settings(config_dir: Path | None = None) -> Settings:
     """Load and validate every config file; raise ConfigError listing every problem found."""
     config_dir = Path(config_dir) if config_dir is not None else default_config_dir()
-    labels = {name: _label(config_dir / name) for name in CONFIG_FILES}
+    labels = {name: path_label(config_dir / name) for name in CONFIG_FILES}
     parsed: dict[str, StrictModel] = {}
     issues: list[ConfigIssue] = []
     for name, model in CONFIG_MODELS.items():
-        raw, read_issues = _read_yaml(config_dir / name, labels[name])
+        raw, read_issues = read_yaml(config_dir / name, labels[name])
         issues += read_issues
         if raw is None:
             continue
         try:
             parsed[name] = model.model_validate(raw)
         except ValidationError as exc:
-            issues += _file_issues(labels[name], exc)
-    issues += _cross_file_issues(labels, parsed)
-    issues += _optional_file_issues(config_dir, parsed)
+            issues += file_issues(labels[name], exc)
+    issues += _crossfile_issues(labels, parsed)
+    issues += _optionalfile_issues(config_dir, parsed)
     if issues:
         raise ConfigError(issues)
     return Settings(
@@ -285,11 +219,3 @@ def edit_config_file(path: Path, changes: dict[str, Any]) -> None:
     so a changed section may not be in the file yet."""
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     path.write_text(yaml.safe_dump(merged(data, changes), sort_keys=False), encoding="utf-8")
-
-
-def _label(path: Path) -> str:
-    """Paths in messages as the user would type them: relative to the working folder when possible."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)

@@ -32,7 +32,7 @@ from lanes_pipeline.cpu_lane.prefix_order import shared_prefix_limit
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.http import ChatMessage
-from lanes_pipeline.prometheus import busy_slots_between
+from lanes_pipeline.metrics.prometheus import busy_slots_between
 from lanes_pipeline.settings import Settings
 
 # Small enough for two busy cores; raise them on a real workstation for steadier figures.

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lanes_pipeline.cpu_lane.dataset_writer import Record, ShapedDataset, content_hash, save_dataset
+from lanes_pipeline.dataset.contract import Record, content_hash
+from lanes_pipeline.dataset.writer import ShapedDataset, save_dataset
 from lanes_pipeline.store import ArtifactStore, sha256_tree
 
 TMPFS_MB = 4

@@ -19,6 +19,9 @@ import psutil
 from lanes_pipeline.bench.cpu_yield import empty_data_dir
 from lanes_pipeline.bench.drills import half_adapter_reason
 from lanes_pipeline.bench.drills_child import KillPoint, PromoteSpec
+from lanes_pipeline.dataset.contract import make_row
+from lanes_pipeline.dataset.window import partition_dir
+from lanes_pipeline.dataset.writer import save_rows
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import build_server
 from lanes_pipeline.errors import LaneError
@@ -33,7 +36,6 @@ from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.gpu_lane.training.spec import TrainSpec
 from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK, remove_stale_partials
-from lanes_pipeline.gpu_lane.training_window import make_row, partition_dir, save_dataset
 from lanes_pipeline.settings import Settings, TrainingConfig, load_settings
 
 Guard = Callable[[str, Callable[[], dict[str, Any]]], dict[str, Any]]
@@ -175,7 +177,7 @@ def training_kill(
         )
         for q in QUESTIONS
     ]
-    data = save_dataset(partition_dir(root / "artifacts", FIRST_DAY), rows, rows[:2])
+    data = save_rows(partition_dir(root / "artifacts", FIRST_DAY), rows, rows[:2])
     variants = {}
     for kill in ("run_and_trainer", "run_only"):
         output = adapters / f"lanes-killed-{kill.replace('_', '-')}"

@@ -18,6 +18,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from lanes_pipeline.dataset.contract import make_row
+from lanes_pipeline.dataset.window import partition_dir
+from lanes_pipeline.dataset.writer import save_rows
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import running_lanes
 from lanes_pipeline.errors import LaneError
@@ -26,7 +29,6 @@ from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.gpu_lane.training.runner import run_training
 from lanes_pipeline.gpu_lane.training.spec import TrainSpec, TrainSummary
-from lanes_pipeline.gpu_lane.training_window import make_row, partition_dir, save_dataset
 from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.settings import LoraSettings, Settings, TrainingConfig
 
@@ -90,7 +92,7 @@ def _mean(summaries: list[TrainSummary]) -> TrainSummary:
 
 def training_comparison(settings: Settings, work: Path) -> dict[str, Any]:
     rows = short_rows(SHORT_SAMPLES)
-    data = save_dataset(partition_dir(work / "artifacts", DAY), rows, rows[:8])
+    data = save_rows(partition_dir(work / "artifacts", DAY), rows, rows[:8])
     base = str(engines.embedded_hf_model(settings.data_dir).resolve())
     # The shipped defaults (TrainingConfig), with what this comparison fixes: no dropout, the CPU.
     common = TrainingConfig(lora=LoraSettings(dropout=0.0), device="cpu")
@@ -143,7 +145,7 @@ def training_processes(settings: Settings, work: Path, steps: int = PROCESS_STEP
     processes take the same steps (the same loss curve): the figure is how much faster they take them.
     `wall_s` is from start to result, process start, model load and the launcher included."""
     rows = short_rows(SHORT_SAMPLES)
-    data = save_dataset(partition_dir(work / "artifacts-processes", DAY), rows, rows[:8])
+    data = save_rows(partition_dir(work / "artifacts-processes", DAY), rows, rows[:8])
     base = str(engines.embedded_hf_model(settings.data_dir).resolve())
     common = TrainingConfig(lora=LoraSettings(dropout=0.0), device="cpu", max_steps=steps, max_seq_len=512)
     configs = {

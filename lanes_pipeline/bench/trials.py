@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from lanes_pipeline.config.trials import load_trials
 from lanes_pipeline.observatory.compare import compare_row, markdown_table
 from lanes_pipeline.observatory.registry import TrialRecord, TrialRegistry, registry_path
-from lanes_pipeline.observatory.trial_config import load_trials
 from lanes_pipeline.observatory.trials import run_trial
 from lanes_pipeline.observatory.workload import WORKLOADS
 from lanes_pipeline.settings import Settings

@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from lanes_pipeline.cli.stopping import child_group, raise_if_stopped, sleep_unless_stopped, stop_like_ctrl_c
-from lanes_pipeline.daily.instance import prepare_instance, use_project_instance
+from lanes_pipeline.deploy.instance import prepare_instance, use_project_instance
 from lanes_pipeline.settings import ConfigError, load_settings
 
 DAILY_JOB = "daily_lanes"

@@ -10,7 +10,7 @@ import sys
 import click
 
 from lanes_pipeline.cli.stopping import child_group, stop_like_ctrl_c
-from lanes_pipeline.daily.instance import prepare_instance, use_project_instance
+from lanes_pipeline.deploy.instance import prepare_instance, use_project_instance
 from lanes_pipeline.embedded.servers import running_lanes
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.settings import ConfigError, load_settings

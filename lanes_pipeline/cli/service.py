@@ -1,6 +1,6 @@
 """`lanes service install|uninstall|status|run`: the Dagster daemon, the Dagster UI and each embedded lane as
 services that stay up without a terminal (systemd units, or a docker compose file), rendered by
-daily/service_units.py. `prepare`, `publish` and `unpublish` are the steps those units run themselves.
+deploy/service_units.py. `prepare`, `publish` and `unpublish` are the steps those units run themselves.
 
 Only the I/O lives here: asking the lanes' command builders for their servers, writing the files and a
 manifest of them (uninstall removes exactly those), and calling systemctl where it works.
@@ -23,8 +23,8 @@ import psutil
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lanes_pipeline.cli.stopping import stop_like_ctrl_c
-from lanes_pipeline.daily.instance import prepare_instance, use_project_instance
-from lanes_pipeline.daily.service_units import (
+from lanes_pipeline.deploy.instance import prepare_instance, use_project_instance
+from lanes_pipeline.deploy.service_units import (
     COMPOSE_FILE,
     TARGET,
     LaneServer,
@@ -34,7 +34,7 @@ from lanes_pipeline.daily.service_units import (
     render_compose,
     render_systemd,
 )
-from lanes_pipeline.daily.supervisor import Supervisor, SupervisorError
+from lanes_pipeline.deploy.supervisor import Supervisor, SupervisorError
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import (
     LaneName,

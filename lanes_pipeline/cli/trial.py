@@ -6,12 +6,12 @@ from __future__ import annotations
 import click
 
 from lanes_pipeline.cli.stopping import stop_like_ctrl_c
+from lanes_pipeline.config.trials import load_trials
 from lanes_pipeline.embedded.servers import LaneName, running_lanes
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.observatory.benchmark import lane_target, run_benchmark, yield_policy
 from lanes_pipeline.observatory.compare import compare_row, markdown_table, write_chart
 from lanes_pipeline.observatory.registry import TrialRegistry, registry_path
-from lanes_pipeline.observatory.trial_config import load_trials
 from lanes_pipeline.observatory.trials import run_trial
 from lanes_pipeline.observatory.workload import WORKLOADS
 from lanes_pipeline.settings import ConfigError, Settings, load_settings

@@ -6,7 +6,7 @@ never covered, most referenced first (the code the rest of the repository leans 
 not change between runs: a repository of N symbols is covered in ceil(N / budget) days.
 
 "Covered" is a set of strings holding memo keys and/or symbol ids (`path::name`): a symbol counts as covered
-when either is in it. Everything here is pure.
+when either is in it. `day_work` compares today's symbols with the previous day's. Everything here is pure.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Collection, Mapping, Sequence
 from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.repos.scan import SymbolsAt
+from lanes_pipeline.repos.symbols import Symbol, diff_scans
 
 
 class DayWork(Frozen):
@@ -96,3 +97,19 @@ def coverage(
         with_accepted_test=sum(is_covered(s, tested) for s in symbols),
         with_accepted_proposal=sum(is_covered(s, proposed) for s in symbols),
     )
+
+
+def day_work(
+    today: SymbolsAt, before: Sequence[Symbol], covered: Collection[str], backlog_per_day: int
+) -> tuple[DayWork, list[Symbol]]:
+    """Today's work: symbols new or changed since `before` (the previous day's symbols; empty on a first
+    day, when every symbol is new and the budget still applies through the backlog) and not covered in
+    this form, then never-covered ones up to `backlog_per_day`; with the symbols in that order."""
+    if before:
+        diff = diff_scans(before, today.symbols)
+        changed = {*diff.new, *diff.changed}
+    else:
+        changed = set()  # a first day: nothing "changed", the backlog (most referenced first) takes it
+    work = choose_work(today.symbols, covered, changed, backlog_per_day, today.references)
+    by_id = today.by_id()
+    return work, [by_id[i] for i in work.ids]

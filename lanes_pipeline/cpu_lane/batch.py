@@ -41,7 +41,6 @@ from pydantic import BaseModel, ValidationError
 
 from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, ResponseCache, cache_key
 from lanes_pipeline.cpu_lane.answer_parsing import ParseOutcome, parse_structured, repair_request
-from lanes_pipeline.cpu_lane.bandwidth import YieldReport
 from lanes_pipeline.cpu_lane.batch_models import (
     BatchConfig,
     BatchRequest,
@@ -79,6 +78,7 @@ from lanes_pipeline.errors import (
     PromptTooLongError,
 )
 from lanes_pipeline.http import ChatMessage, ChatRequest, backoff_delay
+from lanes_pipeline.metrics.bandwidth import YieldReport
 
 
 class BatchResult(BaseModel):

@@ -21,11 +21,11 @@ from dagster import (
 )
 
 from lanes_pipeline.cpu_lane.assets.common import read_results
-from lanes_pipeline.cpu_lane.dataset_writer import Record
-from lanes_pipeline.cpu_lane.held_out_day import load_held_out, training_leaks
 from lanes_pipeline.cpu_lane.rows import AnalysisRow
-from lanes_pipeline.cpu_lane.safety import injection_markers, secret_findings
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.dataset.contract import Record
+from lanes_pipeline.dataset.held_out import load_held_out, training_leaks
+from lanes_pipeline.sandbox.safety import injection_markers, secret_findings
 
 
 def _rows(artifact_store: ArtifactStoreResource, day: str) -> dict[str, list[Record]]:

@@ -33,7 +33,7 @@ from lanes_pipeline.errors import (
     status_error,
 )
 from lanes_pipeline.http import ChatMessage, ModelList, OpenAIClient, WireModel
-from lanes_pipeline.prometheus import LaneCounters, MetricsSnapshot, lane_counters
+from lanes_pipeline.metrics.prometheus import LaneCounters, MetricsSnapshot, lane_counters
 from lanes_pipeline.settings import RetryPolicy
 
 LANE = "CPU"

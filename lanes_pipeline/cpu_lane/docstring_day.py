@@ -1,7 +1,7 @@
 """`generated_docs`' work: docstrings with examples for the day's symbols, verified in the sandbox.
 
 1. The symbols: the ones generated_tests took that day (its changed symbols first, then its backlog), read
-   again at the day's commit (symbol_work).
+   again at the day's commit (repos/scan.py).
 2. The repository's environment (repo_env), as for generated tests: none needed without dependency files;
    when one is needed and cannot be built, the reason is recorded and no docstring is asked that day.
 3. Each symbol is asked `samples` times (verified_sampling); each answer is read as a docstring
@@ -44,12 +44,12 @@ from lanes_pipeline.cpu_lane.docstrings import (
     whole_answer,
 )
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
 from lanes_pipeline.cpu_lane.symbol_tests import VerifyPlace
-from lanes_pipeline.cpu_lane.symbol_work import symbols_at
-from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.verified_sampling import DEFAULT_TEMPERATURE, TargetTally, sample_id
 from lanes_pipeline.git import git
+from lanes_pipeline.repos.scan import symbols_at
+from lanes_pipeline.repos.snapshot import Snapshot, is_test_path
+from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import (
     SANDBOX_INIT,
     SETUP_FAILED,

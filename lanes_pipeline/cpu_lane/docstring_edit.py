@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.symbols import Symbol, statement_start, unindent
+from lanes_pipeline.repos.symbols import Symbol, statement_start, unindent
 
 
 class DocstringError(ValueError):

@@ -29,13 +29,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest
-from lanes_pipeline.cpu_lane.dataset_writer import Candidate
 from lanes_pipeline.cpu_lane.docstring_edit import Definition, DocstringError, set_docstring
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind, register
-from lanes_pipeline.cpu_lane.safety import unsafe_calls
-from lanes_pipeline.cpu_lane.symbols import Symbol, definition, parse_symbol
 from lanes_pipeline.cpu_lane.verified_sampling import DEFAULT_TEMPERATURE, samples_of
+from lanes_pipeline.dataset.writer import Candidate
 from lanes_pipeline.http import ChatMessage
+from lanes_pipeline.repos.symbols import Symbol, definition, parse_symbol
+from lanes_pipeline.sandbox.safety import unsafe_calls
 
 if TYPE_CHECKING:
     from lanes_pipeline.cpu_lane.rows import GeneratedDocRow

@@ -16,7 +16,6 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repos import module_name
 from lanes_pipeline.cpu_lane.rows import (
     DiffCheckRecord,
     GeneratedTestRow,
@@ -24,12 +23,13 @@ from lanes_pipeline.cpu_lane.rows import (
     RememberedAnswer,
     TestVerdictRecord,
 )
-from lanes_pipeline.cpu_lane.safety import unsafe_code_added
 from lanes_pipeline.cpu_lane.symbol_diff import apply_confined, confine_to_symbol
-from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import TASKS_VERSION, extract_block, parse_diff, test_module_name
 from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff, judge_generated_test
+from lanes_pipeline.repos.snapshot import module_name
+from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation, detect_isolation
+from lanes_pipeline.sandbox.safety import unsafe_code_added
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import canonical_json, sha256_bytes
 

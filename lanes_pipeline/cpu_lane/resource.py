@@ -31,7 +31,6 @@ from typing import Any, ClassVar, Protocol
 from dagster import Failure, MetadataValue
 
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.bandwidth import YieldEvent, YieldPolicy, yielding_to_gpu
 from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
 from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, ProgressCallback
@@ -39,6 +38,7 @@ from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.endpoint_pool import CpuEndpointClient
 from lanes_pipeline.embedded.lane_resource import LaneEndpoint
 from lanes_pipeline.embedded.servers import LaneName, running_embedded_url
+from lanes_pipeline.metrics.bandwidth import YieldEvent, YieldPolicy, yielding_to_gpu
 from lanes_pipeline.settings import BandwidthConfig, CpuLane, GpuLane, LanesConfig, data_dir
 
 

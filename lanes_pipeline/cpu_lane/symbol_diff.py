@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from unidiff import PatchSet, UnidiffParseError
 from unidiff.patch import Hunk
 
-from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import DiffRejection, ParsedDiff
+from lanes_pipeline.repos.symbols import Symbol
 
 
 def locate(lines: Sequence[str], block: Sequence[str], stated: int) -> int | None:

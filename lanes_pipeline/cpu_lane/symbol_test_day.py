@@ -1,9 +1,9 @@
 """`generated_tests`' work on one repository for one day, symbol by symbol.
 
-1. The day's symbols (symbol_work): new and changed since the previous day's commit first, then up to
-   `backlog_per_day` never-covered ones. The selection is remembered per (repository, day, commit), so a
-   re-run or a backfill of a day takes the same symbols whatever other days did since; the repository's
-   register of covered symbols (memo keys asked, ids with an accepted test) grows as days run.
+1. The day's symbols (repos/scan.py, backlog.py): new and changed since the previous day's commit first,
+   then up to `backlog_per_day` never-covered ones. The selection is remembered per (repository, day,
+   commit), so a re-run or a backfill of a day takes the same symbols whatever other days did since; the
+   repository's register of covered symbols (memo keys asked, ids with an accepted test) grows as days run.
 2. The repository's environment (repo_env): none needed without dependency files (the project's Python runs
    the tests); when one is needed and cannot be built, the reason is recorded and no test is asked that day.
 3. Each symbol's oracle job (symbol_tests), remembered under what decides it (the symbol's memo key, the
@@ -21,14 +21,14 @@ from typing import Any
 from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.backlog import is_covered
+from lanes_pipeline.cpu_lane.backlog import day_work, is_covered
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, names_deterministic_failure
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
 from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
-from lanes_pipeline.cpu_lane.symbol_work import SymbolsAt, day_work, symbols_at
-from lanes_pipeline.cpu_lane.symbols import Symbol
+from lanes_pipeline.repos.scan import SymbolsAt, symbols_at
+from lanes_pipeline.repos.snapshot import Snapshot, is_test_path
+from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation
 from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.settings import SandboxLimits

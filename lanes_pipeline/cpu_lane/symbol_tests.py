@@ -40,8 +40,6 @@ from lanes_pipeline.cpu_lane.oracles import (
     parse_calls,
 )
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind, register
-from lanes_pipeline.cpu_lane.repos import is_test_path
-from lanes_pipeline.cpu_lane.symbols import Symbol, names_in, test_functions
 from lanes_pipeline.cpu_lane.tasks import extract_block, static_test_problem
 from lanes_pipeline.cpu_lane.verified_sampling import (
     DEFAULT_TEMPERATURE,
@@ -52,6 +50,8 @@ from lanes_pipeline.cpu_lane.verified_sampling import (
     samples_of,
 )
 from lanes_pipeline.http import ChatMessage
+from lanes_pipeline.repos.snapshot import is_test_path
+from lanes_pipeline.repos.symbols import Symbol, names_in, test_functions
 from lanes_pipeline.sandbox.isolation import (
     Isolation,
     RunReport,

@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 from unidiff import PatchSet, UnidiffParseError
 
 from lanes_pipeline.cpu_lane.prompts import TaskKind, register
-from lanes_pipeline.cpu_lane.safety import injection_markers, safe_repo_path, unsafe_calls
-from lanes_pipeline.cpu_lane.symbols import Symbol, SymbolSourceError, definition
+from lanes_pipeline.repos.symbols import Symbol, SymbolSourceError, definition
+from lanes_pipeline.sandbox.safety import injection_markers, safe_repo_path, unsafe_calls
 from lanes_pipeline.settings import CpuAssetsConfig
 
 # Bump when a task's prompt or checks change in a way that should invalidate remembered results.

@@ -8,16 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dagster import (
-    AssetDep,
-    AssetsDefinition,
-    AssetSpec,
-    DailyPartitionsDefinition,
-    TimeWindowPartitionMapping,
-    map_asset_specs,
-)
+from dagster import AssetsDefinition, DailyPartitionsDefinition, TimeWindowPartitionMapping, map_asset_specs
 
-from lanes_pipeline.gpu_lane.assets import LORA_DATASET, lora_adapter
 from lanes_pipeline.settings import Settings
 
 
@@ -42,24 +34,3 @@ def replay_window(replay_window_days: int) -> TimeWindowPartitionMapping:
     return TimeWindowPartitionMapping(
         start_offset=-(replay_window_days - 1), end_offset=0, allow_nonexistent_upstream_partitions=True
     )
-
-
-def with_training_window(
-    assets: Sequence[AssetsDefinition], replay_window_days: int
-) -> list[AssetsDefinition]:
-    """lora_adapter's dependency on lora_dataset declared as what it reads: the replay window, from
-    configs/training.yaml when the definitions load. Backfills stay one run per day because `lanes backfill`
-    (and the README's UI route) submits a backfill of the daily_lanes job, whose runs each hold the whole
-    job for their day; an asset backfill would split the GPU chain off into runs of its own."""
-    window = replay_window(replay_window_days)
-
-    def declare(spec: AssetSpec) -> AssetSpec:
-        if spec.key != lora_adapter.key:
-            return spec
-        deps = [
-            AssetDep(dep.asset_key, partition_mapping=window) if dep.asset_key == LORA_DATASET else dep
-            for dep in spec.deps
-        ]
-        return spec.replace_attributes(deps=deps)
-
-    return list(map_asset_specs(declare, assets))

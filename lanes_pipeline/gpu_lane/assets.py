@@ -28,9 +28,10 @@ from dagster import (
 )
 from pydantic import BaseModel
 
-from lanes_pipeline.cpu_lane.held_out_day import load_held_out
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.dataset.held_out import load_held_out
+from lanes_pipeline.dataset.window import dataset_root, fingerprint, load_split, window_dirs
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.adapters import (
     AdapterRegistry,
@@ -61,7 +62,6 @@ from lanes_pipeline.gpu_lane.resources import (
 )
 from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_training
 from lanes_pipeline.gpu_lane.training.spec import LOSS_CURVE, TrainSpec, TrainSummary
-from lanes_pipeline.gpu_lane.training_window import dataset_root, fingerprint, load_split, window_dirs
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.settings import ConfigError, PipelineConfig, TrainingConfig, data_dir
 from lanes_pipeline.store import ArtifactStore
@@ -161,7 +161,7 @@ def _too_few_rows(rows: int, dirs: list[Path], config: TrainingConfig) -> str:
     pool=POOL,
     retry_policy=LANE_RETRY,
     # The window of days it reads (TimeWindowPartitionMapping of replay_window_days) is declared when the
-    # definitions load: see `with_training_window` in daily/partitions.py.
+    # definitions load: see `with_training_window` in loop/lineage.py.
     deps=[LORA_DATASET],
     description="PEFT LoRA trained in a subprocess (Dagster Pipes) on the window of lora_dataset days; a new "
     "version folder, or no adapter today (too few training rows) with the reason.",

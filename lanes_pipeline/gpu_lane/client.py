@@ -30,7 +30,7 @@ from lanes_pipeline.errors import (
     SleepModeUnavailableError,
 )
 from lanes_pipeline.http import ModelCard, OpenAIClient
-from lanes_pipeline.prometheus import MetricsSnapshot
+from lanes_pipeline.metrics.prometheus import MetricsSnapshot
 
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 LANE = "GPU"
@@ -185,9 +185,6 @@ class VllmClient(OpenAIClient):
             return self.request("GET", "/health", retries=False).status_code == 200
         except LaneUnreachableError:
             return False
-
-    def metrics_text(self) -> str:
-        return self.expect_ok(self.request("GET", "/metrics")).text
 
     def metrics(self) -> MetricsSnapshot:
         """GET /metrics, parsed by the parser both lanes share (`vllm:*` samples summed over labels)."""

@@ -11,7 +11,8 @@ from typing import Any
 
 from dagster import AssetExecutionContext
 
-from lanes_pipeline.cpu_lane.holdout import HeldOutFunction
+from lanes_pipeline.dataset.holdout import HeldOutFunction
+from lanes_pipeline.dataset.window import load_split
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, Version
 from lanes_pipeline.gpu_lane.code_tasks import PassRate, pass_rate
 from lanes_pipeline.gpu_lane.evaluation import Figures
@@ -25,7 +26,6 @@ from lanes_pipeline.gpu_lane.resources import (
 )
 from lanes_pipeline.gpu_lane.training.runner import run_evaluation
 from lanes_pipeline.gpu_lane.training.spec import EvalSpec
-from lanes_pipeline.gpu_lane.training_window import load_split
 from lanes_pipeline.settings import SandboxLimits, TrainingConfig, data_dir
 from lanes_pipeline.store import canonical_json, sha256_bytes
 

@@ -10,14 +10,13 @@ from typing import ClassVar
 
 from dagster import ConfigurableResource, InitResourceContext
 
-from lanes_pipeline.cpu_lane.bandwidth import QuietWait, cpu_active_requests, wait_until_quiet
-from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.lane_resource import LaneEndpoint
 from lanes_pipeline.embedded.servers import LaneName, running_embedded_url
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, supported_target_modules
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
+from lanes_pipeline.metrics.bandwidth import QuietWait, cpu_active_requests, metrics_client, wait_until_quiet
 from lanes_pipeline.settings import (
     EMBEDDED,
     BandwidthConfig,
@@ -76,7 +75,7 @@ class GpuLaneResource(LaneEndpoint):
         if not self.bandwidth.training_waits_for_cpu_lane or url is None:
             return None
         key = os.environ.get(self.cpu.api_key_env) if self.cpu.api_key_env else None
-        with CpuClient(url, key, timeout_s=10.0, connect_timeout_s=2.0) as client:
+        with metrics_client(url, key, timeout_s=10.0) as client:
             return wait_until_quiet(
                 lambda: cpu_active_requests(client),
                 quiet_s=self.bandwidth.quiet_s,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from lanes_pipeline.cpu_lane.bandwidth import YieldPolicy
+from lanes_pipeline.metrics.bandwidth import YieldPolicy
 from lanes_pipeline.observatory.interference import InterferenceFigures, measure_interference
 from lanes_pipeline.observatory.measure import LaneFigures, LaneTarget, measure_lane
 from lanes_pipeline.observatory.workload import Workload

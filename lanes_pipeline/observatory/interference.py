@@ -1,6 +1,6 @@
 """How much one lane slows the other: each lane's generation tokens/s on a fixed load, alone and while the
 other lane runs a background load, as ratios (1.0 = no slowdown). The CPU lane's background load runs twice,
-yielding off (the memory bus itself) and on (the yield governor of cpu_lane/bandwidth.py caps it while vLLM
+yielding off (the memory bus itself) and on (the yield governor of metrics/bandwidth.py caps it while vLLM
 is busy): the difference is what yielding buys the GPU lane.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from lanes_pipeline.cpu_lane.bandwidth import GpuYieldGovernor, YieldPolicy
+from lanes_pipeline.metrics.bandwidth import GpuYieldGovernor, YieldPolicy
 from lanes_pipeline.observatory.measure import LaneTarget, load_bodies, run_load
 from lanes_pipeline.observatory.workload import Workload
 

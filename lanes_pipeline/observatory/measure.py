@@ -20,8 +20,8 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from lanes_pipeline.metrics.prometheus import LaneCounters, MetricsSnapshot, lane_counters
 from lanes_pipeline.observatory import workload as wl
-from lanes_pipeline.prometheus import LaneCounters, MetricsSnapshot, lane_counters
 
 LaneName = Literal["cpu", "gpu"]
 REQUEST_TIMEOUT_S = 300.0

@@ -18,6 +18,7 @@ from typing import Literal
 
 import httpx
 
+from lanes_pipeline.config.trials import TrialSpec
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import (
     EmbeddedServer,
@@ -35,7 +36,6 @@ from lanes_pipeline.observatory.interference import measure_interference
 from lanes_pipeline.observatory.measure import LaneName, LaneTarget, measure_lane
 from lanes_pipeline.observatory.quantize import check_model_file, make_gguf
 from lanes_pipeline.observatory.registry import TrialRecord
-from lanes_pipeline.observatory.trial_config import TrialSpec
 from lanes_pipeline.observatory.workload import Workload
 from lanes_pipeline.settings import Settings
 

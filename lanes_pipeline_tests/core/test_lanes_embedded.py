@@ -19,7 +19,6 @@ from dagster import DagsterInstance, Failure, build_asset_context, build_init_re
 
 from lanes_pipeline.cli import main
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.daily.lane_probes import cpu_lane_probe, gpu_lane_probe
 from lanes_pipeline.definitions import build_definitions
 from lanes_pipeline.embedded.servers import (
     EmbeddedServer,
@@ -31,6 +30,7 @@ from lanes_pipeline.embedded.servers import (
 from lanes_pipeline.errors import EmbeddedStartError, LaneUnreachableError, PortInUseError
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource
 from lanes_pipeline.http import OpenAIClient
+from lanes_pipeline.loop.lane_probes import cpu_lane_probe, gpu_lane_probe
 from lanes_pipeline.probe import probe
 from lanes_pipeline.settings import CpuLane, EmbeddedCpuServer, GpuLane, Settings, load_settings, project_root
 from lanes_pipeline_tests.config_files import read_config, write_config

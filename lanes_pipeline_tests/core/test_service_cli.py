@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from lanes_pipeline.cli import main
-from lanes_pipeline.daily.service_units import COMPOSE_FILE, DAEMON, TARGET
+from lanes_pipeline.deploy.service_units import COMPOSE_FILE, DAEMON, TARGET
 from lanes_pipeline.embedded.servers import running_embedded_url, state_file
 from lanes_pipeline_tests.core.processes import family, free_port, survivors
 

@@ -23,7 +23,7 @@ from dagster import DagsterInstance, DagsterRunStatus, MaterializeResult, RetryP
 
 from lanes_pipeline.cli.run import stop_if_interrupted
 from lanes_pipeline.cli.stopping import STOP_SIGNALS, stop_like_ctrl_c
-from lanes_pipeline.daily.instance import NOT_FINISHED
+from lanes_pipeline.deploy.instance import NOT_FINISHED
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.host import STOP_REQUESTED, with_host_figures
 from lanes_pipeline.settings import Settings, project_root

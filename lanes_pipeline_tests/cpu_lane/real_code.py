@@ -6,7 +6,7 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from lanes_pipeline.cpu_lane.repos import is_test_path
+from lanes_pipeline.repos.snapshot import is_test_path
 
 SDISTS = Path(__file__).with_name("real_code")
 PACKAGES = ("cachetools-5.5.0", "six-1.16.0", "async-timeout-4.0.3", "decorator-5.1.1")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lanes_pipeline.cpu_lane.backlog import choose_work, coverage
-from lanes_pipeline.cpu_lane.symbols import all_symbols, reference_counts, scan_repo
+from lanes_pipeline.repos.symbols import all_symbols, reference_counts, scan_repo
 
 SOURCES = {
     "textwrap.py": Path(textwrap.__file__).read_text(encoding="utf-8"),

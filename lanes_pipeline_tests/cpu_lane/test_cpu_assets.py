@@ -37,7 +37,7 @@ from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.git import CommitSpec, build_history
-from lanes_pipeline.prometheus import MetricsSnapshot
+from lanes_pipeline.metrics.prometheus import MetricsSnapshot
 from lanes_pipeline.settings import CpuLane, Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
 from lanes_pipeline_tests.config_files import read_config, write_config

@@ -16,7 +16,7 @@ from lanes_pipeline.cpu_lane.prompts import ASK, SHORT_ANSWER, PromptLayout, Tas
 from lanes_pipeline.cpu_lane.resource import batch_metadata
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.errors import PromptTooLongError
-from lanes_pipeline.prometheus import LaneCounters
+from lanes_pipeline.metrics.prometheus import LaneCounters
 from lanes_pipeline.settings import EmbeddedCpuServer, Settings
 from lanes_pipeline_tests.cpu_lane.fixtures import (
     MetricsSampler,

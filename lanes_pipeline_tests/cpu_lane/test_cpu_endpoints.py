@@ -36,7 +36,7 @@ from lanes_pipeline.cpu_lane.endpoint_choice import (
 )
 from lanes_pipeline.cpu_lane.endpoint_pool import CpuEndpointClient
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, batch_metadata
-from lanes_pipeline.daily.instance import pool_limits
+from lanes_pipeline.deploy.instance import pool_limits
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.http import ChatMessage
 from lanes_pipeline.settings import ConfigError, RetryPolicy, load_settings, project_root

@@ -45,7 +45,7 @@ from lanes_pipeline.cpu_lane.prefix_order import (
 from lanes_pipeline.cpu_lane.prompts import SHORT_ANSWER, PromptLayout, TaskKind, register
 from lanes_pipeline.cpu_lane.slots import SlotGate
 from lanes_pipeline.http import ChatMessage, ChatResponse, Timings, Usage, backoff_delay
-from lanes_pipeline.prometheus import MetricsSnapshot, busy_slots_between, parse_lane_counters
+from lanes_pipeline.metrics.prometheus import MetricsSnapshot, busy_slots_between, parse_lane_counters
 
 LLAMACPP_METRICS = """\
 # HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.

@@ -46,15 +46,15 @@ from lanes_pipeline.cpu_lane.docstrings import (
     unsafe_examples,
 )
 from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, language_of
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import GeneratedDocRow, GeneratedTestRow
 from lanes_pipeline.cpu_lane.symbol_tests import VerifyPlace
-from lanes_pipeline.cpu_lane.symbols import Symbol, extract_symbols
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.git import CommitSpec, build_history, ls_tree
+from lanes_pipeline.repos.snapshot import FileEntry, Snapshot, language_of
+from lanes_pipeline.repos.symbols import Symbol, extract_symbols
 from lanes_pipeline.sandbox.isolation import CommandResult, detect_isolation
 from lanes_pipeline.settings import CpuLane, SandboxLimits, Settings, load_settings
 from lanes_pipeline.store import ArtifactStore

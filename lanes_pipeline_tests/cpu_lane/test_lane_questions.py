@@ -22,8 +22,8 @@ from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import summarize
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
 from lanes_pipeline.cpu_lane.tasks import WRITE_TESTS
+from lanes_pipeline.repos.snapshot import FileEntry, Snapshot
 from lanes_pipeline.settings import CpuLane
 from lanes_pipeline.store import ArtifactStore
 

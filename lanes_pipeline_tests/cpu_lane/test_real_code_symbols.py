@@ -19,17 +19,11 @@ import pytest
 
 from lanes_pipeline.cpu_lane.docstring_edit import DocstringError, document
 from lanes_pipeline.cpu_lane.docstrings import docs_prompt, parameters, prefill, undocumented_source
-from lanes_pipeline.cpu_lane.holdout import (
-    MIN_BODY_CHARS,
-    body_request,
-    body_text,
-    leaked,
-    mask,
-    symbol_problem,
-)
 from lanes_pipeline.cpu_lane.mutants import MutationError, mutants
-from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, parse_symbol, scan_repo
 from lanes_pipeline.cpu_lane.tasks import symbol_defines, symbol_prompt
+from lanes_pipeline.dataset.holdout import MIN_BODY_CHARS, body_request, leaked, mask
+from lanes_pipeline.repos.scan import body_text, symbol_problem
+from lanes_pipeline.repos.symbols import Symbol, all_symbols, parse_symbol, scan_repo
 from lanes_pipeline_tests.cpu_lane.real_code import PACKAGES, package_sources
 
 LITERAL = '"""Return what the caller asked for.\n\nSecond paragraph, indented as the body."""'

@@ -26,14 +26,14 @@ from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
-from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, load_held_out, training_leaks
-from lanes_pipeline.cpu_lane.holdout import is_held_out
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.dataset import window as training_window
+from lanes_pipeline.dataset.held_out import HeldOutDay, load_held_out, training_leaks
+from lanes_pipeline.dataset.holdout import is_held_out
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.git import CommitSpec, build_history
-from lanes_pipeline.gpu_lane import training_window
 from lanes_pipeline.settings import CpuLane, Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
 from lanes_pipeline_tests.config_files import read_config, write_config

@@ -46,15 +46,15 @@ from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.assets.common import read_results
-from lanes_pipeline.cpu_lane.repos import Snapshot, is_test_path
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, RefactorRow
-from lanes_pipeline.cpu_lane.symbol_work import symbols_at
-from lanes_pipeline.cpu_lane.symbols import Symbol, diff_scans
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.git import git
+from lanes_pipeline.repos.scan import symbols_at
+from lanes_pipeline.repos.snapshot import Snapshot, is_test_path
+from lanes_pipeline.repos.symbols import Symbol, diff_scans
 from lanes_pipeline.sandbox.isolation import detect_isolation, export_commit, judge_test_file, open_sandbox
 from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.settings import CpuLane, Settings, load_settings

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
-from lanes_pipeline.cpu_lane.holdout import held_out_symbols
-from lanes_pipeline.cpu_lane.symbols import all_symbols, scan_repo
+from lanes_pipeline.dataset.holdout import held_out_symbols
 from lanes_pipeline.git import git
+from lanes_pipeline.repos.symbols import all_symbols, scan_repo
 from lanes_pipeline.settings import Settings
 
 DAYS = [folder for _, _, folder in sample_repo.HISTORY]

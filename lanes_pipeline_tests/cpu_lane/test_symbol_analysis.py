@@ -21,11 +21,11 @@ from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import summarize
 from lanes_pipeline.cpu_lane.judging import DiffJudge
 from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.repos import SelectionRules, Snapshot, take_snapshot
 from lanes_pipeline.cpu_lane.rows import AnalysisAnswer
-from lanes_pipeline.cpu_lane.symbols import extract_symbols
 from lanes_pipeline.cpu_lane.tasks import FileAnalysis, symbol_defines, symbol_prompt
 from lanes_pipeline.git import CommitSpec, build_history
+from lanes_pipeline.repos.snapshot import SelectionRules, Snapshot, take_snapshot
+from lanes_pipeline.repos.symbols import extract_symbols
 from lanes_pipeline.settings import CpuAssetsConfig, SandboxLimits
 from lanes_pipeline.store import ArtifactStore
 

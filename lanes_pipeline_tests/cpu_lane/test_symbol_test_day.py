@@ -14,9 +14,9 @@ from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batch_summary import summarize
 from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot, language_of
 from lanes_pipeline.cpu_lane.symbol_test_day import SymbolTestDay, SymbolTestsConfig
 from lanes_pipeline.git import build_history, ls_tree
+from lanes_pipeline.repos.snapshot import FileEntry, Snapshot, language_of
 from lanes_pipeline.sandbox.isolation import detect_isolation
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore

@@ -12,6 +12,7 @@ import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.answer_cache import ResponseCache, cache_key
+from lanes_pipeline.cpu_lane.backlog import day_work
 from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
 from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, ItemResult
 from lanes_pipeline.cpu_lane.client import CpuClient
@@ -25,10 +26,10 @@ from lanes_pipeline.cpu_lane.symbol_tests import (
     verify_symbol_answers,
     yield_of_tests,
 )
-from lanes_pipeline.cpu_lane.symbol_work import day_work, symbols_at
-from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.cpu_lane.verified_sampling import TargetTally, kind_yield, samples_of
 from lanes_pipeline.git import CommitSpec, build_history
+from lanes_pipeline.repos.scan import symbols_at
+from lanes_pipeline.repos.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.sandbox.isolation import detect_isolation
 from lanes_pipeline.settings import SandboxLimits, Settings
 from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, private_cpu_server

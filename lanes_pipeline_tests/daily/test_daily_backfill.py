@@ -5,9 +5,9 @@ materialized in that day's one run (lora_adapter's replay window mapping notwith
 evaluation and promotion happen in day order: day D's adapter is trained, judged and served before day
 D+1's is trained.
 
-The instance here is the Postgres variant (dagster.postgres.yaml) on a real local PostgreSQL started for this
-module (lanes_pipeline/daily/postgres.py): the daemon, the backfill's submission and the run workers all share
-it; the other daily tests keep the SQLite instance of dagster.yaml."""
+The instance here is the Postgres variant (dagster.postgres.yaml) on a real local PostgreSQL started for
+this module (lanes_pipeline/deploy/postgres.py): the daemon, the backfill's submission and the run workers all
+share it; the other daily tests keep the SQLite instance of dagster.yaml."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance, EventLogRecord, EventRecordsFilter
 from dagster_postgres import PostgresRunStorage
 
-from lanes_pipeline.daily import postgres
+from lanes_pipeline.deploy import postgres
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.settings import Settings, project_root
 from lanes_pipeline_tests.daily.fixtures import TRAINING, DailyProject, daily_project

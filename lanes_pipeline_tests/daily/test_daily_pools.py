@@ -23,7 +23,7 @@ import psutil
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from lanes_pipeline.daily.instance import (
+from lanes_pipeline.deploy.instance import (
     GPU_POOL,
     apply_pool_limits,
     orphaned_runs,
@@ -37,7 +37,7 @@ HOLDER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from dagster import DagsterInstance, Definitions, asset, define_asset_job
-    from lanes_pipeline.daily.instance import in_process_run_tags
+    from lanes_pipeline.deploy.instance import in_process_run_tags
 
     @asset(pool="gpu_lane")
     def holds_the_gpu() -> None:
@@ -75,7 +75,7 @@ def test_pool_limits_come_from_the_configs(settings: Settings, project_instance:
 QUICK = textwrap.dedent(
     """
     from dagster import DagsterInstance, Definitions, asset, define_asset_job
-    from lanes_pipeline.daily.instance import in_process_run_tags
+    from lanes_pipeline.deploy.instance import in_process_run_tags
 
     @asset(pool="gpu_lane")
     def quick_gpu_step() -> None:

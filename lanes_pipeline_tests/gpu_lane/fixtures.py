@@ -11,9 +11,11 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo
-from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
-from lanes_pipeline.gpu_lane.training_window import make_row, partition_dir, save_dataset
+from lanes_pipeline.dataset.contract import make_row
+from lanes_pipeline.dataset.held_out import HeldOutDay, held_out_of_repo
+from lanes_pipeline.dataset.window import partition_dir
+from lanes_pipeline.dataset.writer import save_rows
+from lanes_pipeline.repos.snapshot import FileEntry, Snapshot
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore
 from lanes_pipeline_tests.cpu_lane.fixtures import SHAPES_MODULE, shapes_repo
@@ -52,7 +54,7 @@ def codename_rows(questions: tuple[str, ...]) -> list[dict[str, Any]]:
 
 def write_codename_day(artifacts_root: Path, day: date) -> Path:
     """One lora_dataset partition under `<artifacts_root>/lora_dataset/<day>/`."""
-    return save_dataset(
+    return save_rows(
         partition_dir(artifacts_root, day), codename_rows(TRAIN_QUESTIONS), codename_rows(EVAL_QUESTIONS)
     )
 

@@ -19,7 +19,6 @@ from click.testing import CliRunner
 from dagster import DagsterInstance, build_sensor_context, materialize
 
 from lanes_pipeline.cli.adapters import adapters as adapters_cli
-from lanes_pipeline.daily.jobs import rollback_adapter_job
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
@@ -30,6 +29,7 @@ from lanes_pipeline.gpu_lane.client import RUNTIME_LORA_ENV, VllmClient
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.gpu_lane.sensors import gpu_lane_adapters_sensor
 from lanes_pipeline.http import ChatMessage, ChatRequest
+from lanes_pipeline.loop.jobs import rollback_adapter_job
 from lanes_pipeline.settings import Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
 from lanes_pipeline_tests.gpu_lane.fixtures import (

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.dataset_writer import render
-from lanes_pipeline.cpu_lane.held_out_day import HeldOutDay, held_out_of_repo, load_held_out
-from lanes_pipeline.cpu_lane.holdout import HeldOutFunction, body_candidate
-from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
+from lanes_pipeline.dataset.held_out import HeldOutDay, held_out_of_repo, load_held_out
+from lanes_pipeline.dataset.holdout import HeldOutFunction, body_candidate
+from lanes_pipeline.dataset.writer import render
 from lanes_pipeline.gpu_lane.repo_tasks import (
     body_task,
     day_tasks,
@@ -20,6 +19,7 @@ from lanes_pipeline.gpu_lane.repo_tasks import (
     replacement,
     splice,
 )
+from lanes_pipeline.repos.snapshot import FileEntry, Snapshot
 from lanes_pipeline.sandbox.isolation import detect_isolation
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore

@@ -20,6 +20,8 @@ import pytest
 from dagster import DagsterInstance, MaterializeResult, asset, materialize
 
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.dataset.window import partition_dir
+from lanes_pipeline.dataset.writer import save_rows
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.gpu_lane.client import VllmClient, asleep
@@ -27,7 +29,6 @@ from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneRe
 from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_training, start_trainer, stop
 from lanes_pipeline.gpu_lane.training.spec import TrainSpec
 from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK, remove_stale_partials
-from lanes_pipeline.gpu_lane.training_window import partition_dir, save_dataset
 from lanes_pipeline.settings import Settings, TrainingConfig, load_settings
 from lanes_pipeline_tests.gpu_lane.fixtures import TRAIN_QUESTIONS, codename_rows, write_codename_day
 
@@ -264,7 +265,7 @@ def test_a_window_without_enough_training_rows_is_a_day_without_adapter(
     counts as failed partitions; now all three assets materialize, saying why there is no adapter, and
     vLLM is asked nothing. Fewer rows than training.min_train_rows count as quiet too."""
     train = codename_rows(TRAIN_QUESTIONS[:train_rows])
-    save_dataset(partition_dir(tmp_path / "artifacts", DAY), train, [])
+    save_rows(partition_dir(tmp_path / "artifacts", DAY), train, [])
     assert train_rows < settings.training.min_train_rows
     result = materialize(
         [lora_adapter, adapter_evaluation, served_adapter],
@@ -289,7 +290,7 @@ def test_a_candidate_without_eval_rows_is_trained_but_not_promoted(
     """Training rows but no held-out rows (and no held-out repository tasks): the day succeeds, the
     candidate is not promoted, the reasons are in the metadata and the registry; the eval subprocess and
     vLLM are not needed for that (without repository tasks no figure could promote it)."""
-    save_dataset(partition_dir(tmp_path / "artifacts", DAY), codename_rows(TRAIN_QUESTIONS), [])
+    save_rows(partition_dir(tmp_path / "artifacts", DAY), codename_rows(TRAIN_QUESTIONS), [])
     resources = _offline_resources(settings, tmp_path, max_steps=1, device="cpu")
     instance = DagsterInstance.ephemeral()
     result = materialize(

@@ -8,21 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.gpu_lane.training.data import IGNORE, Example, batches, collate, label_tokens, pack
-from lanes_pipeline.gpu_lane.training.loop import linear_schedule, total_steps
-from lanes_pipeline.gpu_lane.training_window import (
-    DatasetWindowError,
+from lanes_pipeline.dataset.contract import DatasetContractError, check_row, make_row
+from lanes_pipeline.dataset.window import (
     available_days,
-    check_row,
     dedupe,
     fingerprint,
     load_split,
-    make_row,
     partition_dir,
-    save_dataset,
     window_days,
     window_dirs,
 )
+from lanes_pipeline.dataset.writer import save_rows
+from lanes_pipeline.gpu_lane.training.data import IGNORE, Example, batches, collate, label_tokens, pack
+from lanes_pipeline.gpu_lane.training.loop import linear_schedule, total_steps
 from lanes_pipeline.settings import TrainingConfig
 
 
@@ -103,11 +101,11 @@ def test_dedupe_keeps_one_copy_per_hash_the_latest() -> None:
 def test_rows_are_checked_against_the_contract() -> None:
     good = make_row([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
     check_row(good)
-    with pytest.raises(DatasetWindowError, match="no assistant"):
+    with pytest.raises(DatasetContractError, match="no assistant"):
         check_row(make_row([{"role": "user", "content": "q"}]))
-    with pytest.raises(DatasetWindowError, match="task"):
+    with pytest.raises(DatasetContractError, match="task"):
         check_row({**good, "task": "chat"})
-    with pytest.raises(DatasetWindowError, match="bad message"):
+    with pytest.raises(DatasetContractError, match="bad message"):
         check_row({**good, "messages": [{"role": "tool", "content": "x"}]})
 
 
@@ -116,8 +114,8 @@ def test_window_reads_saved_days_from_the_artifact_store(tmp_path: Path) -> None
         make_row([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}])
         for i in range(3)
     ]
-    save_dataset(partition_dir(tmp_path, date(2026, 11, 1)), rows[:2], rows[2:])
-    save_dataset(partition_dir(tmp_path, date(2026, 11, 2)), rows[1:2], rows[2:])
+    save_rows(partition_dir(tmp_path, date(2026, 11, 1)), rows[:2], rows[2:])
+    save_rows(partition_dir(tmp_path, date(2026, 11, 2)), rows[1:2], rows[2:])
     (partition_dir(tmp_path, date(2026, 11, 3))).mkdir()  # an unfinished day is not in the window
     assert available_days(tmp_path) == [date(2026, 11, 1), date(2026, 11, 2)]
     dirs = window_dirs(tmp_path, date(2026, 11, 3), 7)

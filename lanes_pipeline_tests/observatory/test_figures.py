@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from lanes_pipeline.metrics.prometheus import LaneCounters, MetricsSnapshot
 from lanes_pipeline.observatory.benchmark import LaneBenchmark
 from lanes_pipeline.observatory.interference import InterferenceFigures, ratio
 from lanes_pipeline.observatory.measure import LaneFigures, Timing, kv_cache_use, percentile, pf, prefix_hit
 from lanes_pipeline.observatory.workload import SMALL, chat_body, long_prompt, messages
-from lanes_pipeline.prometheus import LaneCounters, MetricsSnapshot
 
 
 def counters(**values: float) -> LaneCounters:

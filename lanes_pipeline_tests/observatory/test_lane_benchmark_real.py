@@ -8,7 +8,7 @@ import shlex
 import psutil
 import pytest
 
-from lanes_pipeline.observatory.trial_config import TrialSpec
+from lanes_pipeline.config.trials import TrialSpec
 from lanes_pipeline.observatory.trials import run_trial
 from lanes_pipeline.observatory.workload import SMALL
 from lanes_pipeline.settings import Settings

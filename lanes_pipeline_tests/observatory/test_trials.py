@@ -12,12 +12,12 @@ from click.testing import CliRunner
 
 from lanes_pipeline.bench.trials import trial_row
 from lanes_pipeline.cli import main
+from lanes_pipeline.config.trials import TrialSpec, load_trials
 from lanes_pipeline.observatory import trials as trials_module
 from lanes_pipeline.observatory.compare import compare_row, markdown_table, write_chart
 from lanes_pipeline.observatory.measure import LaneFigures
 from lanes_pipeline.observatory.quantize import check_model_file
 from lanes_pipeline.observatory.registry import TrialRecord, TrialRegistry
-from lanes_pipeline.observatory.trial_config import TrialSpec, load_trials
 from lanes_pipeline.observatory.workload import SMALL
 from lanes_pipeline.settings import ConfigError, Settings, load_settings, project_root
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.safety import unsafe_calls
 from lanes_pipeline.cpu_lane.tasks import parse_diff, static_test_problem
 from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff, judge_generated_test
 from lanes_pipeline.git import CommitSpec, build_history
@@ -29,6 +28,7 @@ from lanes_pipeline.sandbox.isolation import (
     read_run,
     run_pytest,
 )
+from lanes_pipeline.sandbox.safety import unsafe_calls
 from lanes_pipeline.settings import SandboxLimits
 
 CALC = "def add(a, b):\n    return a + b\n\n\ndef halve(x):\n    return x / 2\n"

@@ -33,11 +33,9 @@ from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.backlog import RepoCoverage
 from lanes_pipeline.cpu_lane.batch_models import DETERMINISTIC_FAILURES, ItemResult
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repos import Snapshot
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import AnalysisAnswer, AnalysisFigures, AnalysisRow, FileAnalysisRow
 from lanes_pipeline.cpu_lane.symbol_test_day import select_day
-from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import (
     SYMBOL_ANALYSIS,
     TASKS_VERSION,
@@ -48,6 +46,8 @@ from lanes_pipeline.cpu_lane.tasks import (
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.repos.snapshot import Snapshot
+from lanes_pipeline.repos.symbols import Symbol
 
 
 def analysis_key(model: str, symbol: Symbol, max_tokens: int) -> str:

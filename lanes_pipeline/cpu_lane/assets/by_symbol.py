@@ -24,8 +24,8 @@ from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
 from lanes_pipeline.cpu_lane.resource import fail_on_transient_failures
 from lanes_pipeline.cpu_lane.symbol_test_day import register_of
-from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import symbol_prompt
+from lanes_pipeline.repos.symbols import Symbol
 
 Send = Callable[[Sequence[BatchRequest]], BatchResult]
 REGISTER_VERSION = 1  # bump to forget what the registers remember

@@ -17,11 +17,11 @@ from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import DETERMINISTIC_FAILURES, ItemResult
 from lanes_pipeline.cpu_lane.memo import Memo
 from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
-from lanes_pipeline.cpu_lane.repos import FileEntry, Snapshot
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.cpu_lane.rows import LaneUsageFigures, RowT, read_rows
 from lanes_pipeline.cpu_lane.sample_repo import EMBEDDED_REPO, ensure_sample_repo
 from lanes_pipeline.git import read_blobs
+from lanes_pipeline.repos.snapshot import FileEntry, Snapshot
 from lanes_pipeline.settings import RepoEntry, Settings
 from lanes_pipeline.store import ArtifactStore, sha256_tree
 

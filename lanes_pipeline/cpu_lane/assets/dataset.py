@@ -20,11 +20,7 @@ from lanes_pipeline.cpu_lane.assets.common import (
 )
 from lanes_pipeline.cpu_lane.assets.docs import generated_docs
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
-from lanes_pipeline.cpu_lane.dataset_writer import Candidate, load_token_counter, save_dataset, shape
 from lanes_pipeline.cpu_lane.docstrings import docs_candidates
-from lanes_pipeline.cpu_lane.held_out_day import HELD_OUT_FILE, HeldOutDay, RepoHoldOut, held_out_of_repo
-from lanes_pipeline.cpu_lane.holdout import body_candidate, body_text, route, symbol_with_context
-from lanes_pipeline.cpu_lane.repos import Snapshot
 from lanes_pipeline.cpu_lane.rows import (
     AnalysisRow,
     DatasetFigures,
@@ -32,14 +28,19 @@ from lanes_pipeline.cpu_lane.rows import (
     GeneratedTestRow,
     RefactorRow,
 )
-from lanes_pipeline.cpu_lane.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.cpu_lane.tasks import FileAnalysis
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.dataset import window as dataset_window
+from lanes_pipeline.dataset.held_out import HELD_OUT_FILE, HeldOutDay, RepoHoldOut, held_out_of_repo
+from lanes_pipeline.dataset.holdout import body_candidate, route, symbol_with_context
+from lanes_pipeline.dataset.writer import Candidate, load_token_counter, save_dataset, shape
 from lanes_pipeline.embedded.engines import embedded_hf_model
 from lanes_pipeline.errors import about
 from lanes_pipeline.git import read_blobs
-from lanes_pipeline.gpu_lane import training_window as dataset_window
 from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.repos.scan import body_text
+from lanes_pipeline.repos.snapshot import Snapshot
+from lanes_pipeline.repos.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.settings import EMBEDDED, Settings
 from lanes_pipeline.store import sha256_tree
 

@@ -35,16 +35,16 @@ from lanes_pipeline.cpu_lane.assets.tests import generated_tests
 from lanes_pipeline.cpu_lane.backlog import RepoCoverage
 from lanes_pipeline.cpu_lane.judging import DiffJudge, DiffScope
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.repos import Snapshot
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, RefactorFigures, RefactorRow, RememberedAnswer
 from lanes_pipeline.cpu_lane.symbol_test_day import select_day
-from lanes_pipeline.cpu_lane.symbols import Symbol
 from lanes_pipeline.cpu_lane.tasks import SYMBOL_REFACTOR, TASKS_VERSION
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.git import read_blobs
 from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.repos.snapshot import Snapshot
+from lanes_pipeline.repos.symbols import Symbol
 
 
 def refactor_key(model: str, symbol: Symbol, max_tokens: int) -> str:

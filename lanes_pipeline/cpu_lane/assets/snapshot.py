@@ -8,9 +8,9 @@ from datetime import date
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from lanes_pipeline.cpu_lane.assets.common import md_table, repo_location, write_partition
-from lanes_pipeline.cpu_lane.repos import SelectionRules, take_snapshot
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.repos.snapshot import SelectionRules, take_snapshot
 
 
 @asset(

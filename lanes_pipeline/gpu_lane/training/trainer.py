@@ -18,6 +18,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from lanes_pipeline.dataset.window import load_split
 from lanes_pipeline.gpu_lane.training.data import collate, encode_chat
 from lanes_pipeline.gpu_lane.training.loop import train_loop
 from lanes_pipeline.gpu_lane.training.model import (
@@ -42,7 +43,6 @@ from lanes_pipeline.gpu_lane.training.spec import (
 )
 from lanes_pipeline.gpu_lane.training.trl_baseline import train_trl
 from lanes_pipeline.gpu_lane.training.world import Single, World, open_world
-from lanes_pipeline.gpu_lane.training_window import load_split
 
 PARTIAL_MARK = ".partial-"
 

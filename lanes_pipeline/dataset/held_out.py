@@ -1,0 +1,212 @@
+"""A day's held-out symbols of one repository (I/O: git and the sandbox; the choices are in holdout.py).
+
+The functions among them become the GPU lane's repository tasks, each with the tests that judge an answer:
+the repository's own tests that call it, and the CPU lane's accepted tests for it. A test only judges if it
+passes on the real code at the day's commit: they all run once here, in one sandboxed pytest run per
+repository, and those that do not pass are left out (a task with no test left is no task).
+
+The same run vouches for the day's functions to teach: a function new or changed that day becomes a "write
+the body" row unless a repository test that calls it fails at that commit (broken code is not taught).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lanes_pipeline.dataset.holdout import (
+    HeldOutFunction,
+    calling_tests,
+    fresh_functions,
+    held_out_symbols,
+    is_held_out,
+    leaked,
+)
+from lanes_pipeline.repos.scan import function_stub, symbols_at
+from lanes_pipeline.repos.snapshot import Snapshot, is_test_path
+from lanes_pipeline.repos.symbols import Symbol
+from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest_outcomes
+from lanes_pipeline.settings import SandboxLimits
+from lanes_pipeline.store import ArtifactStore
+
+CPU_TESTS_DIR = "tests/lanes_held_out"  # where the CPU lane's accepted tests are placed to run
+# Written by lora_dataset: the day's held-out functions, read by the leak check and the GPU evaluation.
+HELD_OUT_ASSET, HELD_OUT_FILE = "lora_dataset_report", "held_out.json"
+
+
+class HeldOutDay(BaseModel):
+    """lora_dataset_report/<day>/held_out.json: what the GPU lane's evaluation reads."""
+
+    held_out_percent: int
+    # repo -> held-out symbol id (all kinds) -> its body as holdout.body_text gives it: the asset check
+    # looks for these in the training split.
+    bodies: dict[str, dict[str, str]] = {}
+    functions: list[HeldOutFunction] = []
+
+
+def load_held_out(store: ArtifactStore, day: str) -> HeldOutDay | None:
+    """The day's held-out functions as lora_dataset wrote them; None when it wrote none (an older run)."""
+    if not store.exists(HELD_OUT_ASSET, day, HELD_OUT_FILE):
+        return None
+    where = store.folder(HELD_OUT_ASSET, day) / HELD_OUT_FILE
+    try:
+        return HeldOutDay.model_validate(store.read_json(HELD_OUT_ASSET, day, HELD_OUT_FILE))
+    except ValueError as exc:
+        raise ValueError(f"{where}: not a held-out task list: {exc}") from exc
+
+
+def training_leaks(held: HeldOutDay, train_texts: Sequence[str]) -> list[str]:
+    """`repo: symbol id` of each held-out symbol whose body a training row holds (the asset check wants
+    none)."""
+    return [
+        f"{repo}: {symbol}"
+        for repo, bodies in sorted(held.bodies.items())
+        for symbol, body in sorted(bodies.items())
+        if any(leaked(text, [body]) for text in train_texts)
+    ]
+
+
+def cpu_test_path(function: HeldOutFunction, index: int) -> str:
+    safe = function.symbol.name.replace(".", "_")
+    return f"{CPU_TESTS_DIR}/test_{Path(function.symbol.path).stem}_{safe}_{index}.py"
+
+
+def _candidates(
+    repo: str,
+    location: Path,
+    commit: str,
+    held: Sequence[Symbol],
+    tests: Mapping[str, str],
+    accepted: Mapping[str, list[str]],
+) -> list[HeldOutFunction]:
+    return [
+        HeldOutFunction(
+            repo=repo,
+            location=str(location),
+            commit=commit,
+            symbol=symbol,
+            stub=function_stub(symbol),
+            repo_tests=calling_tests(tests, symbol.name),
+            cpu_tests=accepted.get(symbol.name, []),
+        )
+        for symbol in held
+        if symbol.kind == "function"
+    ]
+
+
+class RepoHoldOut(BaseModel):
+    """One repository's day, as lora_dataset splits it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    held: list[Symbol] = Field([], description="the held-out symbols (all kinds)")
+    functions: list[HeldOutFunction] = Field([], description="held-out functions with passing tests: tasks")
+    taught: list[Symbol] = Field(
+        [],
+        description="functions new or changed at the commit (all on a first day) that no failing repository "
+        "test calls: each becomes a 'write the body' row (held-out ones go to eval)",
+    )
+    skipped: dict[str, str] = Field({}, description="symbol id -> why it was skipped (symbols_at)")
+    unmaskable: list[str] = Field(
+        [], description="files holding a skipped symbol that is held out: none of them trains (holdout.route)"
+    )
+    problem: str | None = Field(
+        None,
+        description="why the tests gave no verdict (a hang killed at the time limit, a crash): no task "
+        "and nothing taught from this repository today, the other repositories go on",
+    )
+
+
+def _outcomes(
+    functions: list[HeldOutFunction],
+    more_tests: Sequence[str],
+    location: Path,
+    commit: str,
+    limits: SandboxLimits,
+    isolation: Isolation | None,
+) -> dict[str, str]:
+    """node id -> outcome, for every test that judges a held-out function or vouches for a taught one, in
+    one sandboxed pytest run at the commit."""
+    wanted = sorted({t for f in functions for t in f.repo_tests} | set(more_tests))
+    paths = [cpu_test_path(f, i) for f in functions for i in range(len(f.cpu_tests))]
+    if not wanted and not paths:
+        return {}
+    with open_sandbox(location, commit, limits, isolation) as sandbox:
+        for function in functions:
+            for index, code in enumerate(function.cpu_tests):
+                sandbox.write(cpu_test_path(function, index), code)
+        return run_pytest_outcomes(sandbox, [*wanted, *paths])
+
+
+def _keep_passing(functions: list[HeldOutFunction], outcomes: Mapping[str, str]) -> list[HeldOutFunction]:
+    """Each function with only the tests that pass on the real code; functions left without one dropped."""
+    kept = []
+    for function in functions:
+        repo_tests = [t for t in function.repo_tests if outcomes.get(t) == "passed"]
+        cpu_tests = [
+            code
+            for index, code in enumerate(function.cpu_tests)
+            if _file_passed(outcomes, cpu_test_path(function, index))
+        ]
+        if repo_tests or cpu_tests:
+            kept.append(function.model_copy(update={"repo_tests": repo_tests, "cpu_tests": cpu_tests}))
+    return kept
+
+
+def _file_passed(outcomes: Mapping[str, str], path: str) -> bool:
+    results = [o for node, o in outcomes.items() if node.split("::", 1)[0] == path]
+    return bool(results) and all(o == "passed" for o in results)
+
+
+def held_out_of_repo(
+    snapshot: Snapshot,
+    location: Path,
+    percent: int,
+    accepted: Mapping[str, list[str]],
+    limits: SandboxLimits,
+    isolation: Isolation | None = None,
+    teach_all: bool = False,
+) -> RepoHoldOut:
+    """The snapshot's held-out symbols, the held-out functions that have passing tests, and the functions
+    to teach (see RepoHoldOut)."""
+    if snapshot.commit is None:
+        return RepoHoldOut()
+    paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
+    today = symbols_at(location, snapshot.commit, paths)
+    # Functions unchanged since the previous day were taught then, and stay in the replay window; with
+    # nothing taught yet (`teach_all`: no earlier dataset, e.g. a new install's first day, whose repository
+    # need not have changed that day) every function is new to the adapter.
+    since = None if teach_all else snapshot.previous_commit
+    before = symbols_at(location, since, paths).symbols if since else []
+    held = held_out_symbols(snapshot.repo, today.symbols, percent)
+    skipped = {
+        "skipped": today.skipped,
+        "unmaskable": sorted(
+            {i.split("::", 1)[0] for i in today.skipped if is_held_out(snapshot.repo, i, percent)}
+        ),
+    }
+    functions = _candidates(snapshot.repo, location, snapshot.commit, held, today.test_sources, accepted)
+    fresh = {s.id: calling_tests(today.test_sources, s.name) for s in fresh_functions(before, today.symbols)}
+    outcomes = _outcomes(
+        functions,
+        sorted({t for tests in fresh.values() for t in tests}),
+        location,
+        snapshot.commit,
+        limits,
+        isolation,
+    )
+    # Only tests that were run can give no report: held-out functions that no test calls (a suite of
+    # unittest classes) and fresh functions without calling tests run nothing, which is not a problem.
+    wanted = any(f.repo_tests or f.cpu_tests for f in functions) or any(fresh.values())
+    if wanted and not outcomes:
+        problem = (
+            f"the repository's tests at {snapshot.commit[:12]} gave no report in the sandbox (killed at "
+            f"{limits.timeout_s} s, or crashed)"
+        )
+        return RepoHoldOut(held=held, problem=problem, **skipped)
+    taught = [
+        s for s in today.symbols if s.id in fresh and all(outcomes.get(t) == "passed" for t in fresh[s.id])
+    ]
+    return RepoHoldOut(held=held, functions=_keep_passing(functions, outcomes), taught=taught, **skipped)
