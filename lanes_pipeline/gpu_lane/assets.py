@@ -313,7 +313,8 @@ def _record_learning(store: ArtifactStore, point: LearningPoint) -> dict[str, An
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
-    deps=[lora_adapter],
+    # lora_dataset(D): the day's held-out tasks and eval rows it judges on.
+    deps=[lora_adapter, LORA_DATASET],
     description="Executed figures for base, current and candidate: repo_pass_rate on held-out repository "
     "tasks, HumanEval pass@1 (forgetting guard), eval loss on held-out rows; the promotion decision and "
     "the day's point of the learning curve.",
@@ -399,7 +400,7 @@ def adapter_evaluation(
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
-    deps=[adapter_evaluation],
+    deps=[lora_adapter, adapter_evaluation],  # the day's adapter (its outcome) and the decision
     freshness_policy=SERVED_FRESHNESS,
     description="The day's adapter loaded into vLLM under its version name; the stable alias moved to it if "
     "it passed evaluation. No adapter today: nothing is asked of vLLM.",

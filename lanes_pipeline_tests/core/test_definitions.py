@@ -1,10 +1,15 @@
-"""The code location loads: `dagster definitions validate` passes and every asset resolves."""
+"""The code location loads: `dagster definitions validate` passes, every asset resolves, and every asset
+declares the assets it reads (Dagster's lineage is the real graph)."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from lanes_pipeline.definitions import defs as load_defs
 from lanes_pipeline.settings import project_root
@@ -29,3 +34,63 @@ def test_assets_and_resources_resolve() -> None:
     keys = {key.to_user_string() for key in repository.asset_graph.get_all_asset_keys()}
     assert {"cpu_lane_probe", "gpu_lane_probe"} <= keys
     assert {"cpu_lane", "gpu_lane", "artifact_store"} <= set(load_defs().resources or {})
+
+
+# How an asset's code reads another asset's partition: the reader's name -> the asset it reads, or a string
+# argument naming the folder it reads (`read_results(store, "generated_tests", ...)`).
+READERS = {
+    "load_snapshots": "repo_snapshot",
+    "load_held_out": "lora_dataset",
+    "window_dirs": "lora_dataset",
+    "day_outcome": "lora_adapter",
+}
+FOLDER_READERS = {"read_results", "read_json", "exists"}
+SIDE_FOLDERS = {"lora_dataset_report": "lora_dataset"}  # written by lora_dataset beside its dataset
+
+
+def asset_reads(function: Callable[..., Any]) -> set[str]:
+    """The assets a function reads, following the calls it makes to functions of its own module."""
+    module = ast.parse(inspect.getsource(inspect.getmodule(function)))
+    local = {node.name: node for node in module.body if isinstance(node, ast.FunctionDef)}
+    reads: set[str] = set()
+    todo, seen = [inspect.unwrap(function).__name__], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in local:
+            continue
+        seen.add(name)
+        for node in ast.walk(local[name]):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            todo.append(called)
+            if called in READERS:
+                reads.add(READERS[called])
+            if called in FOLDER_READERS:
+                for argument in node.args:
+                    if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+                        reads.add(SIDE_FOLDERS.get(argument.value, argument.value))
+    return reads
+
+
+def test_every_asset_declares_each_asset_it_reads() -> None:
+    graph = load_defs().resolve_asset_graph()
+    keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
+    undeclared, found = {}, {}
+    for key in graph.get_all_asset_keys():
+        function = graph.assets_def_for_key(key).op.compute_fn.decorated_fn
+        reads = asset_reads(function) & keys - {key.to_user_string()}
+        found[key.to_user_string()] = reads
+        parents = {parent.to_user_string() for parent in graph.get(key).parent_keys}
+        if reads - parents:
+            undeclared[key.to_user_string()] = sorted(reads - parents)
+    # the scan finds what it is for: the dataset reads every CPU-lane asset, the evaluation the held-out tasks
+    assert found["lora_dataset"] == {
+        "repo_snapshot",
+        "repo_analysis",
+        "generated_tests",
+        "generated_docs",
+        "refactor_proposals",
+    }
+    assert "lora_dataset" in found["adapter_evaluation"] and "repo_snapshot" in found["generated_tests"]
+    assert undeclared == {}

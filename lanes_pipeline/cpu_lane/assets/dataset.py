@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
+from lanes_pipeline.cpu_lane.assets.analysis import repo_analysis
 from lanes_pipeline.cpu_lane.assets.common import (
     load_snapshots,
     md_table,
@@ -20,6 +21,8 @@ from lanes_pipeline.cpu_lane.assets.common import (
 )
 from lanes_pipeline.cpu_lane.assets.docs import generated_docs
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
+from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
+from lanes_pipeline.cpu_lane.assets.tests import generated_tests
 from lanes_pipeline.cpu_lane.docstrings import docs_candidates
 from lanes_pipeline.cpu_lane.rows import (
     AnalysisRow,
@@ -212,7 +215,8 @@ def _no_tokens(messages: list[dict[str, str]]) -> int:
 
 @asset(
     group_name="cpu_lane",
-    deps=[refactor_proposals, generated_docs],
+    # Every asset whose results it reads: the day's snapshots, and the accepted work of each job.
+    deps=[repo_snapshot, repo_analysis, generated_tests, refactor_proposals, generated_docs],
     description="Chat-format LoRA dataset of the day's accepted results (train/eval) and the replay window.",
 )
 @with_host_figures

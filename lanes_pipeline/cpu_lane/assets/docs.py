@@ -21,6 +21,7 @@ from lanes_pipeline.cpu_lane.assets.common import (
     repo_location,
     write_partition,
 )
+from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.assets.tests import generated_tests
 from lanes_pipeline.cpu_lane.docstring_day import DocsConfig, DocsCoverage, DocsDay, DocsResult
 from lanes_pipeline.cpu_lane.docstrings import FURTHEST
@@ -83,7 +84,7 @@ def coverage_table(coverage: list[DocsCoverage]) -> Any:
     group_name="cpu_lane",
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
-    deps=[generated_tests],
+    deps=[repo_snapshot, generated_tests],
     description="Docstrings with usage examples for the day's symbols (generated_tests' selection): sampled "
     "per symbol, accepted when they name every parameter and their examples pass as doctests in the sandbox.",
 )

@@ -31,6 +31,7 @@ from lanes_pipeline.cpu_lane.assets.common import (
     repo_location,
     write_partition,
 )
+from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.assets.tests import generated_tests
 from lanes_pipeline.cpu_lane.backlog import RepoCoverage
 from lanes_pipeline.cpu_lane.judging import DiffJudge, DiffScope
@@ -123,7 +124,7 @@ def figures(items: list[RefactorRow], checks: Memo, coverage: Sequence[RepoCover
     group_name="cpu_lane",
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
-    deps=[generated_tests],
+    deps=[repo_snapshot, generated_tests],
     description="Refactors of the day's symbols as unified diffs confined to each symbol's lines, accepted "
     "only if they apply and every test passes with them.",
 )

@@ -22,6 +22,7 @@ from lanes_pipeline.cpu_lane.assets.common import (
     repo_location,
     write_partition,
 )
+from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.memo import Memo
 from lanes_pipeline.cpu_lane.resource import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, GeneratedTestsFigures
@@ -103,7 +104,7 @@ def coverage_table(coverage: list[SymbolTestCoverage]) -> Any:
     group_name="cpu_lane",
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
-    deps=[repo_analysis],
+    deps=[repo_snapshot, repo_analysis],
     description="Generated pytest tests per symbol (changed symbols, then the coverage backlog): regression "
     "oracles sampled per symbol, accepted after passing repeated sandbox runs and failing on both mutants.",
 )
