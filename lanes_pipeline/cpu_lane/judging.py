@@ -1,11 +1,9 @@
-"""Judging what the CPU lane answered, file by file or symbol by symbol, into the rows the assets write.
+"""Judging the refactors the CPU lane proposed into the rows refactor_proposals writes.
 
-`GeneratedTestJudge` turns remembered answers into generated-test rows (static checks, then repeated
-sandbox runs: verification.judge_generated_test); `DiffJudge` refactor answers into refactor rows (parse,
-confine a symbol's diff to its lines: symbol_diff, then `git apply --check` and the tests in the sandbox:
-verification.check_diff). Every verdict is remembered under a key made of what decided it (code or diff,
-commit, sandbox limits, and for a diff the accepted tests it ran with), so a re-run judges nothing; the
-sandbox's isolation is detected once, on first use.
+`DiffJudge` parses each answer, confines a symbol's diff to its lines (symbol_diff), then runs `git apply
+--check` and the tests in the sandbox (verification.check_diff). Every verdict is remembered under a key made
+of what decided it (the diff, the commit, the sandbox limits and the accepted tests it ran with), so a re-run
+judges nothing; the sandbox's isolation is detected once, on first use.
 """
 
 from __future__ import annotations
@@ -21,12 +19,10 @@ from lanes_pipeline.cpu_lane.rows import (
     GeneratedTestRow,
     RefactorRow,
     RememberedAnswer,
-    TestVerdictRecord,
 )
 from lanes_pipeline.cpu_lane.symbol_diff import apply_confined, confine_to_symbol
-from lanes_pipeline.cpu_lane.tasks import TASKS_VERSION, extract_block, parse_diff, test_module_name
-from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff, judge_generated_test
-from lanes_pipeline.repos.snapshot import module_name
+from lanes_pipeline.cpu_lane.tasks import TASKS_VERSION, parse_diff
+from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation, detect_isolation
 from lanes_pipeline.sandbox.safety import unsafe_code_added
@@ -45,8 +41,9 @@ class DiffScope(BaseModel):
     file_source: str
 
 
-class _Judge:
-    """Verdicts remembered in `memo`, sandboxes with `limits`, the host's isolation detected once."""
+class DiffJudge:
+    """Refactor diffs -> rows, each judged with its repository's accepted generated tests of the day;
+    verdicts remembered in `memo`, sandboxes with `limits`."""
 
     def __init__(self, memo: Memo, limits: SandboxLimits) -> None:
         self.memo, self.limits = memo, limits
@@ -56,50 +53,6 @@ class _Judge:
         if self._isolation is None:
             self._isolation = detect_isolation()
         return self._isolation
-
-
-class GeneratedTestJudge(_Judge):
-    """Generated test modules -> rows; counts the sandbox runs this materialization made."""
-
-    def __init__(self, memo: Memo, limits: SandboxLimits) -> None:
-        super().__init__(memo, limits)
-        self.sandbox_runs = 0
-
-    def rows(
-        self, repo: str, repo_path: Path, commit: str, answers: Mapping[str, RememberedAnswer | None]
-    ) -> list[GeneratedTestRow]:
-        """One row per file (path -> its remembered answer, None when the lane gave none), in order."""
-        return [self.row(repo, repo_path, commit, path, answer) for path, answer in answers.items()]
-
-    def row(
-        self, repo: str, repo_path: Path, commit: str, path: str, answer: RememberedAnswer | None
-    ) -> GeneratedTestRow:
-        module = module_name(path)
-        base = {"repo": repo, "path": path, "module": module, "test_file": test_module_name(path)}
-        if answer is None or answer.answer is None:
-            reason = answer.why_not() if answer else NO_ANSWER
-            return GeneratedTestRow(**base, code=None, verdict="no_answer", reason=reason)
-        code = extract_block(answer.answer, ("python", "py")).strip() + "\n"
-        key = memo_key(
-            "test_verdict", TASKS_VERSION, sha256_bytes(code.encode()), commit, self.limits.model_dump()
-        )
-        remembered = self.memo.get(key)
-        if remembered is not None:
-            verdict = TestVerdictRecord.model_validate(remembered)
-        else:
-            judged = judge_generated_test(
-                repo_path, commit, path, module, code, self.limits, self.isolation()
-            )
-            self.sandbox_runs += len(judged.runs)
-            verdict = TestVerdictRecord(
-                verdict=judged.verdict, reason=judged.reason[:600], runs=[r.outcome for r in judged.runs]
-            )
-            self.memo.put(key, verdict.model_dump())
-        return GeneratedTestRow(**base, code=code, **verdict.model_dump())
-
-
-class DiffJudge(_Judge):
-    """Refactor diffs -> rows, each judged with its repository's accepted generated tests of the day."""
 
     def rows(
         self,

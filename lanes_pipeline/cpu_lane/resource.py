@@ -222,26 +222,35 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
-def batch_metadata(result: BatchResult) -> dict[str, Any]:
-    """Dagster metadata for a batch: plotted numbers, plus a table of failures when there are any."""
-    metadata: dict[str, Any] = {f"cpu_lane/{k}": v for k, v in result.summary.metadata().items()}
-    metadata["cpu_lane/server"] = f"{result.server.server} at {result.server.url}"
-    metadata["cpu_lane/slots"] = result.server.total_slots
-    if len(result.endpoints) > 1:
-        metadata["cpu_lane/slots"] = sum(e.slots for e in result.endpoints)
-        metadata["cpu_lane/endpoints_down"] = sum(e.down for e in result.endpoints)
-        for index, endpoint in enumerate(result.endpoints):
+def servers_metadata(batches: Sequence[BatchResult]) -> dict[str, Any]:
+    """What the lane's servers were and did in a materialization's batches, beside the counts: the server,
+    its slots and per-slot context (the last batch's), the endpoints when there are several (answered, down,
+    why), whether slot copies were off and why, and how far the lane yielded to the GPU lane."""
+    served = [batch for batch in batches if batch.server is not None]
+    if not served:
+        return {}
+    last = served[-1]
+    metadata: dict[str, Any] = {
+        "cpu_lane/server": f"{last.server.server} at {last.server.url}",
+        "cpu_lane/slots": last.server.total_slots,
+        "cpu_lane/per_slot_ctx": last.server.per_slot_ctx,
+    }
+    several = [batch for batch in served if len(batch.endpoints) > 1]
+    if several:
+        endpoints = several[-1].endpoints
+        metadata["cpu_lane/slots"] = sum(e.slots for e in endpoints)
+        metadata["cpu_lane/endpoints_down"] = sum(e.down for e in endpoints)
+        for index, endpoint in enumerate(endpoints):
             metadata[f"cpu_lane/endpoint_{index}_answered"] = endpoint.answered
-        metadata["cpu_lane/endpoints"] = endpoints_table(result)
-    metadata["cpu_lane/per_slot_ctx"] = result.server.per_slot_ctx
-    copy_off = next((e.slot_copy_off for e in result.endpoints if e.slot_copy_off), None)
+        metadata["cpu_lane/endpoints"] = endpoints_table(several[-1])
+    copy_off = next((e.slot_copy_off for batch in served for e in batch.endpoints if e.slot_copy_off), None)
     if copy_off is not None:
         metadata["cpu_lane/slot_copy_off"] = copy_off
-    if result.bandwidth is not None:
-        metadata |= {f"cpu_lane/{k}": v for k, v in result.bandwidth.metadata().items()}
-    failed = result.failed()
-    if failed:
-        metadata["cpu_lane/failures"] = failures_table(failed)
+    reports = [batch.bandwidth for batch in served if batch.bandwidth is not None]
+    if reports:
+        metadata["cpu_lane/gpu_yields"] = sum(r.yields for r in reports)
+        metadata["cpu_lane/gpu_yielded_s"] = round(sum(r.yielded_s for r in reports), 3)
+        metadata["cpu_lane/gpu_max_running"] = max(r.max_gpu_running for r in reports)
     return metadata
 
 

@@ -194,7 +194,7 @@ class Figures(BaseModel):
 
 
 class LaneUsageFigures(Figures):
-    """What a CPU-lane asset asked the lane (LaneQuestions): `llm_requests` is the count the summary's
+    """What a CPU-lane asset asked the lane (SymbolQuestions): `llm_requests` is the count the summary's
     "0 LLM calls" proof adds up."""
 
     llm_requests: int = 0

@@ -1,9 +1,9 @@
-"""Accepting or rejecting what the model proposed: generated tests and refactor diffs.
+"""Accepting or rejecting a refactor diff the model proposed (generated tests have their gate in
+symbol_tests.py).
 
-Static checks first (tasks.py: syntax, policy, triviality, diff shape), then the sandbox: a test is
-accepted only if it passes `runs` times in a row against the real code at the snapshot commit; a diff only
-if `git apply --check` accepts it and the repository's own tests plus the accepted generated tests all pass
-with it applied. Every rejection keeps its reason.
+Static checks first (tasks.py: diff shape), then the sandbox: a diff is accepted only if `git apply --check`
+accepts it and the repository's own tests plus the accepted generated tests all pass with it applied. Every
+rejection keeps its reason.
 """
 
 from __future__ import annotations
@@ -14,30 +14,11 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from lanes_pipeline.cpu_lane.tasks import ParsedDiff, static_test_problem, test_module_name
-from lanes_pipeline.sandbox.isolation import Isolation, TestVerdict, judge_test_file, open_sandbox, run_pytest
+from lanes_pipeline.cpu_lane.tasks import ParsedDiff
+from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest
 from lanes_pipeline.settings import SandboxLimits
 
 PROPOSAL = ".lanes/proposal.diff"
-
-
-def judge_generated_test(
-    repo: Path,
-    commit: str,
-    source_path: str,
-    module: str,
-    code: str,
-    limits: SandboxLimits,
-    isolation: Isolation | None = None,
-) -> TestVerdict:
-    """The verdict on one generated test module, in a fresh sandbox of its own."""
-    problem = static_test_problem(code, module)
-    if problem is not None:
-        return TestVerdict(verdict=problem[0], reason=problem[1])
-    with open_sandbox(repo, commit, limits, isolation) as sandbox:
-        name = test_module_name(source_path)
-        sandbox.write(name, code)
-        return judge_test_file(sandbox, name)
 
 
 DiffVerdict = Literal["accepted", "does_not_apply", "tests_failed", "baseline_failing"]

@@ -240,6 +240,9 @@ def test_day1_runs_in_full_and_leaves_hostile_files_out(runs: dict[str, Any]) ->
     # A first day: no symbol "changed", the backlog's one symbol is the most referenced (by the tests).
     assert analysis_md["asked_this_run"] == 1 and analysis_md["llm_requests"] >= 1
     assert (analysis_md["items"], analysis_md["files"], analysis_md["symbols"]) == (1, 1, 2)
+    # Which server answered, with its slots and context, goes with the counts.
+    assert " at http://127.0.0.1:" in analysis_md["cpu_lane/server"]
+    assert analysis_md["cpu_lane/slots"] >= 1 and analysis_md["cpu_lane/per_slot_ctx"] > 0
     analyses = runs["day1_results"]["repo_analysis"][0]["files"]
     assert [(a["path"], a["symbol"]) for a in analyses] == [("shapes.py", "rectangle_area")]
     assert day1.server_tokens[1] > runs["before"][1]  # the server really generated

@@ -13,7 +13,7 @@ from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.client import TRUNCATION_MARKER, CpuClient, ServerInfo
 from lanes_pipeline.cpu_lane.prefix_order import shared_prefix_limit
 from lanes_pipeline.cpu_lane.prompts import ASK, SHORT_ANSWER, PromptLayout, TaskKind
-from lanes_pipeline.cpu_lane.resource import batch_metadata
+from lanes_pipeline.cpu_lane.resource import servers_metadata
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.errors import PromptTooLongError
 from lanes_pipeline.metrics.prometheus import LaneCounters
@@ -298,4 +298,4 @@ def test_a_server_without_slot_files_fans_out_as_before_and_says_why(
     (endpoint,) = result.endpoints
     assert endpoint.slot_copies == 0 and result.summary.prefix_slot_copies == 0
     assert endpoint.slot_copy_off is not None and "--slot-save-path" in endpoint.slot_copy_off
-    assert "--slot-save-path" in batch_metadata(result)["cpu_lane/slot_copy_off"]
+    assert "--slot-save-path" in servers_metadata([result])["cpu_lane/slot_copy_off"]

@@ -35,7 +35,7 @@ from lanes_pipeline.cpu_lane.endpoint_choice import (
     choose_endpoint,
 )
 from lanes_pipeline.cpu_lane.endpoint_pool import CpuEndpointClient
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, batch_metadata
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource, servers_metadata
 from lanes_pipeline.deploy.instance import pool_limits
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.http import ChatMessage
@@ -287,7 +287,7 @@ def test_a_dead_endpoint_goes_down_and_its_items_are_answered_by_the_other(tmp_p
     answered_by = Counter(r.endpoint for r in result.results)
     assert answered_by == {"http://a": 14, "http://b": 2}
     assert all(r.text == f"{r.id} from {(r.endpoint or '').removeprefix('http://')}" for r in result.results)
-    metadata = batch_metadata(result)
+    metadata = servers_metadata([result])
     assert metadata["cpu_lane/endpoints_down"] == 1 and metadata["cpu_lane/endpoint_0_answered"] == 14
 
 
@@ -413,4 +413,4 @@ def test_a_restore_that_never_answers_is_bounded_and_turns_copies_off_for_the_ba
     assert endpoint.slot_copies == 0
     assert endpoint.slot_copy_off is not None and endpoint.slot_copy_off.startswith("slot copy failed: ")
     assert "POST /slots/1" in endpoint.slot_copy_off  # the request that did not answer, named
-    assert batch_metadata(result)["cpu_lane/slot_copy_off"] == endpoint.slot_copy_off
+    assert servers_metadata([result])["cpu_lane/slot_copy_off"] == endpoint.slot_copy_off

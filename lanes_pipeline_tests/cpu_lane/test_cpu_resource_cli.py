@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, asset, materialize
 
 from lanes_pipeline.cli.cpu import cpu
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, batch_metadata
+from lanes_pipeline.cpu_lane.resource import CpuLaneResource, servers_metadata
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.settings import CpuLane, Settings, project_root
 from lanes_pipeline_tests.config_files import read_config, write_config
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.cpu_lane
 @asset(pool="cpu_lane")
 def tiny_cpu_batch(context: AssetExecutionContext, cpu_lane: CpuLaneResource) -> MaterializeResult:
     result = cpu_lane.run_batch(questions(3, offset=200), log=context.log, label="tiny batch", log_every_s=0)
-    return MaterializeResult(metadata=batch_metadata(result))
+    summary = {f"cpu_lane/{key}": value for key, value in result.summary.metadata().items()}
+    return MaterializeResult(metadata=summary | servers_metadata([result]))
 
 
 def _materialize(url: str, cache: Path) -> tuple[list[str], dict[str, object]]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.judging import DiffJudge, GeneratedTestJudge
-from lanes_pipeline.cpu_lane.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.judging import DiffJudge
+from lanes_pipeline.cpu_lane.memo import Memo
 from lanes_pipeline.cpu_lane.rows import (
     AnalysisRow,
     FileAnalysisRow,
@@ -18,9 +18,9 @@ from lanes_pipeline.cpu_lane.rows import (
     RememberedAnswer,
     read_rows,
 )
-from lanes_pipeline.cpu_lane.tasks import TASKS_VERSION, FileAnalysis
+from lanes_pipeline.cpu_lane.tasks import FileAnalysis
 from lanes_pipeline.settings import SandboxLimits
-from lanes_pipeline.store import ArtifactStore, sha256_bytes
+from lanes_pipeline.store import ArtifactStore
 
 ANALYSIS = FileAnalysis(summary="Adds.", public_api=["add"], risks=[], test_ideas=["1+1"], complexity="low")
 
@@ -54,31 +54,15 @@ def test_a_row_that_does_not_fit_names_its_file() -> None:
     assert "diff" in str(caught.value) and "reason" in str(caught.value)
 
 
-def test_judging_without_code_or_with_a_remembered_verdict_runs_nothing(tmp_path: Path) -> None:
+def test_judging_answers_without_a_diff_runs_nothing(tmp_path: Path) -> None:
     store, limits = ArtifactStore(tmp_path / "artifacts"), SandboxLimits()
-    verdicts = Memo(store, "test_verdict")
-    judge = GeneratedTestJudge(verdicts, limits)
-    code = "from a import add\n\n\ndef test_add():\n    assert add(1, 1) == 2\n"
-    key = memo_key("test_verdict", TASKS_VERSION, sha256_bytes(code.encode()), "c0ffee", limits.model_dump())
-    verdicts.put(key, {"verdict": "passed", "reason": "passed 3 of 3 runs", "runs": ["passed"] * 3})
     missing = tmp_path / "no-repo"  # a sandbox here would fail: nothing below may open one
-    rows = judge.rows(
-        "r",
-        missing,
-        "c0ffee",
-        {
-            "a.py": RememberedAnswer(answer=f"```python\n{code}```"),
-            "b.py": RememberedAnswer(answer=None, reason="too_long: prompt over the slot"),
-            "c.py": None,
-        },
-    )
-    assert [(r.path, r.verdict, r.reason) for r in rows] == [
-        ("a.py", "passed", "passed 3 of 3 runs"),
-        ("b.py", "no_answer", "too_long: prompt over the slot"),
-        ("c.py", "no_answer", "the CPU lane did not answer"),
+    code = "from a import add\n\n\ndef test_add():\n    assert add(1, 1) == 2\n"
+    rows = [
+        GeneratedTestRow(
+            repo="r", path="a.py", module="a", test_file="test_a.py", code=code, verdict="passed", reason="ok"
+        )
     ]
-    assert rows[0].code == code and rows[0].accepted and judge.sandbox_runs == 0 and verdicts.hits == 1
-
     diffs = DiffJudge(Memo(store, "diff_check"), limits).rows(
         "r",
         missing,

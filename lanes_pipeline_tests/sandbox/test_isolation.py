@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lanes_pipeline.cpu_lane.tasks import parse_diff, static_test_problem
-from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff, judge_generated_test
+from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.sandbox.isolation import (
     CommandResult,
@@ -146,19 +146,22 @@ def test_hostile_os_system_neither_escapes_nor_passes_the_policy(
     assert (
         _verdict(repo, isolation, hostile, SandboxLimits(timeout_s=8, runs=1)) == "passed"
     )  # ran, but inside
-    verdict = judge_generated_test(repo[0], repo[1], "calc.py", "calc", hostile, LIMITS, isolation)
-    assert verdict.verdict == "unsafe" and "os.system()" in verdict.reason
+    verdict, reason = static_test_problem(hostile, "calc") or ("", "")
+    assert verdict == "unsafe" and "os.system()" in reason
 
 
 def test_generated_test_gate_and_runs(repo: tuple[Path, str], isolation: Isolation) -> None:
+    """The gate a generated test meets before the mutants (symbol_tests.verify_answer / verify_code): the
+    static checks, then `runs` passing runs in the sandbox."""
     good = "from calc import halve\n\ndef test_halve():\n    assert halve(4) == 2\n"
-    accepted = judge_generated_test(repo[0], repo[1], "calc.py", "calc", good, LIMITS, isolation)
+    assert static_test_problem(good, "calc") is None
+    with open_sandbox(repo[0], repo[1], LIMITS, isolation) as sandbox:
+        sandbox.write("test_calc_lanes.py", good)
+        accepted = judge_test_file(sandbox, "test_calc_lanes.py")
     assert accepted.verdict == "passed" and [r.outcome for r in accepted.runs] == ["passed"] * 3
     trivial = "def test_nothing():\n    assert True\n"
-    rejected = judge_generated_test(repo[0], repo[1], "calc.py", "calc", trivial, LIMITS, isolation)
-    assert (rejected.verdict, rejected.reason) == ("trivial", "does not import calc")
-    broken = judge_generated_test(repo[0], repo[1], "calc.py", "calc", "def test(:\n", LIMITS, isolation)
-    assert broken.verdict == "syntax_error"
+    assert static_test_problem(trivial, "calc") == ("trivial", "does not import calc")
+    assert (static_test_problem("def test(:\n", "calc") or ("",))[0] == "syntax_error"
 
 
 def test_diffs_apply_in_the_sandbox_and_must_keep_the_tests_green(

@@ -7,7 +7,7 @@ Deterministic failures (unparseable, too long) are remembered too; transient one
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +15,10 @@ from dagster import MetadataValue
 
 from lanes_pipeline.cpu_lane.batch import BatchResult
 from lanes_pipeline.cpu_lane.batch_models import DETERMINISTIC_FAILURES, ItemResult
-from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, fail_on_transient_failures
+from lanes_pipeline.cpu_lane.resource import servers_metadata
 from lanes_pipeline.cpu_lane.rows import LaneUsageFigures, RowT, read_rows
 from lanes_pipeline.cpu_lane.sample_repo import EMBEDDED_REPO, ensure_sample_repo
-from lanes_pipeline.git import read_blobs
-from lanes_pipeline.repos.snapshot import FileEntry, Snapshot
+from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.settings import RepoEntry, Settings
 from lanes_pipeline.store import ArtifactStore, sha256_tree
 
@@ -111,68 +108,7 @@ class LaneUsage:
             prefix_reuse_limit=round(cacheable / prompt, 4) if prompt else 0.0,
             prefix_reuse_of_limit=round(cached / cacheable, 4) if cacheable else 0.0,
             llm_wall_s=round(wall, 3),
-        ).metadata()
-
-
-class LaneQuestions:
-    """The CPU-lane side of one asset: each file's answer is looked up in the memo by its key, and only
-    the missing ones are asked, in one batch per repository with the repo map as the shared prompt prefix.
-    Counts what was asked and what failed transiently, for the failure gate and the asset's metadata."""
-
-    def __init__(self, asset: str, cpu_lane: CpuLaneResource, memo: Memo, log: Any) -> None:
-        self.asset, self.cpu_lane, self.memo, self.log = asset, cpu_lane, memo, log
-        self.usage = LaneUsage()
-        self.asked = 0
-        self.failures: list[ItemResult] = []  # the transient ones: asked again next run
-
-    def answers(
-        self,
-        snapshot: Snapshot,
-        repo: Path,
-        files: Sequence[FileEntry],
-        keys: dict[str, str],
-        task: TaskKind,
-        max_tokens: int,
-        prompt: Callable[[FileEntry, str], str],
-        shape: Callable[[ItemResult], Any],
-    ) -> dict[str, Any]:
-        """path -> remembered value, or `shape(item)` of a fresh answer (remembered unless it failed
-        transiently, or shaped to None: then the next run asks again). `prompt` gets the file's text."""
-        known = {f.path: self.memo.get(keys[f.path]) for f in files}
-        missing = [f for f in files if known[f.path] is None]
-        if not missing:
-            return known
-        contents = read_blobs(repo, [f.blob for f in missing])
-        layout = PromptLayout(task, shared_context=snapshot.repo_map)
-        texts = {f.path: contents[f.blob].decode("utf-8") for f in missing}
-        requests = [
-            layout.build(f"{snapshot.repo}:{f.path}", prompt(f, texts[f.path]), max_tokens=max_tokens)
-            for f in missing
-        ]
-        result = self.cpu_lane.run_batch(requests, log=self.log, label=f"{self.asset} {snapshot.repo}")
-        self.usage.add(result)
-        self.asked += len(requests)
-        for file, item in zip(missing, result.results, strict=True):
-            value = shape(item)
-            if value is None or is_transient(item):
-                self.failures.append(item)
-            else:
-                self.memo.put(keys[file.path], value)
-            known[file.path] = value
-        return known
-
-    def check_failures(self) -> None:
-        """The failure gate (cpu_lane.max_failure_ratio): fail the asset when too many requests failed
-        transiently; what was answered stays remembered. The failures, each with its reason, go with it."""
-        allowed, usage = self.cpu_lane.config.max_failure_ratio, self.usage.metadata(self.memo.hits)
-        fail_on_transient_failures(self.asset, self.failures, self.asked, allowed, usage)
-
-    @property
-    def transient(self) -> int:
-        return len(self.failures)
-
-    def metadata(self) -> dict[str, Any]:
-        return {"asked_this_run": self.asked, **self.usage.metadata(self.memo.hits)}
+        ).metadata() | servers_metadata(self.batches)
 
 
 def ratio(part: int, whole: int) -> float:
