@@ -29,7 +29,9 @@ from lanes_pipeline.errors import (
     is_retryable_status,
     status_error,
 )
-from lanes_pipeline.settings import RetryPolicy
+from lanes_pipeline.settings import LaneConnection, RetryPolicy
+
+CONNECTION_DEFAULTS = LaneConnection()
 
 
 class WireModel(BaseModel):
@@ -194,14 +196,15 @@ class OpenAIClient:
         lane: str,
         base_url: str,
         api_key: str | None = None,
-        timeout_s: float = 600.0,
-        connect_timeout_s: float = 10.0,
+        timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
         retry: RetryPolicy | None = None,
         seed: int | None = None,
         sleep: Callable[[float], None] = time.sleep,
         keep_alive: bool = True,
     ) -> None:
-        """`retry`: the lane's policy (its config model is one); None takes RetryPolicy's defaults.
+        """`retry`: the lane's policy (its config model is one); None takes RetryPolicy's defaults, and a
+        timeout of None a lane connection's (LaneConnection: the settings' defaults, declared there once).
         `seed` makes the jitter reproducible; `sleep` is what waits between attempts. `keep_alive: False`
         closes each connection after its answer, for a server with few HTTP threads."""
         self.lane, self.base_url = lane, base_url.rstrip("/")
@@ -212,7 +215,12 @@ class OpenAIClient:
         self.http = httpx.Client(
             base_url=self.base_url,
             headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            timeout=httpx.Timeout(
+                timeout_s if timeout_s is not None else CONNECTION_DEFAULTS.request_timeout_s,
+                connect=connect_timeout_s
+                if connect_timeout_s is not None
+                else CONNECTION_DEFAULTS.connect_timeout_s,
+            ),
             limits=httpx.Limits() if keep_alive else httpx.Limits(max_keepalive_connections=0),
         )
 

@@ -264,7 +264,7 @@ def _measure(server: EmbeddedServer, settings: Settings) -> dict[str, Any]:
     with CpuClient(server.url, lane.api_key(), timeout_s=lane.request_timeout_s) as client:
         info = client.server_info(lane.model)
         slots = max(1, min(lane.max_slots, info.total_slots))
-        config = BatchConfig(model_alias=lane.model_alias, configured_model=lane.model, max_slots=slots)
+        config = BatchConfig.of(lane, max_slots=slots)
         reuse = _prefix_reuse(client, config)  # first: a fresh server, neither layout seen before
         throughput = _throughput(client, config, slots)
     return {

@@ -126,9 +126,8 @@ def measure(settings: Settings, engine: CpuEngineName, requests: list[BatchReque
                 ResponseCache(root / "cache.sqlite3") as cache,
             ):
                 info = client.server_info(lane.model)
-                config = BatchConfig(
-                    model_alias=lane.model_alias,
-                    configured_model=lane.model,
+                config = BatchConfig.of(
+                    lane,
                     max_slots=max(1, min(lane.max_slots, info.total_slots)),
                     overflow="shrink",  # a long file is cut to fit the slot, as the assets would
                 )

@@ -9,7 +9,7 @@ from lanes_pipeline.cli.stopping import stop_like_ctrl_c
 from lanes_pipeline.config.trials import load_trials
 from lanes_pipeline.embedded.servers import LaneName, running_lanes
 from lanes_pipeline.errors import LaneError
-from lanes_pipeline.observatory.benchmark import lane_target, run_benchmark, yield_policy
+from lanes_pipeline.observatory.benchmark import lane_target, run_benchmark
 from lanes_pipeline.observatory.compare import compare_row, markdown_table, write_chart
 from lanes_pipeline.observatory.registry import TrialRegistry, registry_path
 from lanes_pipeline.observatory.trials import run_trial
@@ -120,7 +120,7 @@ def bench_lanes(which: str, workload: str) -> None:
         with running_lanes(settings, lanes) as endpoints:
             targets = {lane: lane_target(settings, lane, endpoints.url(lane)) for lane in lanes}
             result = run_benchmark(
-                targets.get("cpu"), targets.get("gpu"), WORKLOADS[workload], yield_policy(settings)
+                targets.get("cpu"), targets.get("gpu"), WORKLOADS[workload], settings.lanes.bandwidth
             )
     except LaneError as exc:
         raise click.ClickException(str(exc)) from None

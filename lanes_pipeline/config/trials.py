@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from lanes_pipeline.config.base import ConfigError, ConfigIssue, StrictModel
 from lanes_pipeline.config.files import file_issues, read_yaml
-from lanes_pipeline.config.models import CpuEngineName
+from lanes_pipeline.config.models import CpuEngineName, LanesConfig
 
 TRIALS_FILE = "trials.yaml"
 # What llama-quantize can make from the F16 conversion; F16 is the conversion itself.
@@ -29,17 +29,21 @@ class CpuServerFlags(StrictModel):
 
     engine: CpuEngineName | None = Field(None, description="ik_llama or llama_cpp; default: the CPU lane's")
     threads: int | None = Field(None, ge=1, le=512, description="-t")
-    slots: int = Field(2, ge=1, le=64, description="-np: parallel slots")
-    ctx_size: int = Field(4096, ge=256, description="-c: context shared by all slots")
+    slots: int | None = Field(None, ge=1, le=64, description="-np: parallel slots; default: the lane's")
+    ctx_size: int | None = Field(
+        None, ge=256, description="-c: context shared by all slots; default: the lane's"
+    )
 
 
 class GpuServerFlags(StrictModel):
     """vLLM flags the table reports; anything else goes in `extra_args`."""
 
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(
+        None, description="default: the lane's"
+    )
     max_num_seqs: int = Field(4, ge=1, le=1024, description="--max-num-seqs: the GPU lane's slots")
-    max_model_len: int = Field(2048, ge=128)
-    max_lora_rank: int = Field(16, description="--max-lora-rank")
+    max_model_len: int | None = Field(None, ge=128, description="default: the lane's")
+    max_lora_rank: int | None = Field(None, description="--max-lora-rank; default: the lane's")
     adapter: Literal["none", "random"] = Field(
         "none", description="random: a small PEFT adapter (made once) loaded at start and named by requests"
     )
@@ -89,9 +93,11 @@ class TrialSpec(StrictModel):
         made = _MADE.match(self.file)
         return made["quant"] if made else None
 
-    @property
-    def slots(self) -> int:
-        return self.cpu.slots if self.lane == "cpu" else self.gpu.max_num_seqs
+    def slots(self, lanes: LanesConfig) -> int:
+        """The server's parallel requests: the trial's, else the lane's own setting."""
+        if self.lane == "cpu":
+            return self.cpu.slots or lanes.cpu_lane.embedded.parallel
+        return self.gpu.max_num_seqs
 
 
 class TrialsConfig(StrictModel):

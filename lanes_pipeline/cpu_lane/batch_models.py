@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lanes_pipeline.config.models import CpuLane
 from lanes_pipeline.cpu_lane.client import Overflow
 from lanes_pipeline.cpu_lane.grammar import grammar_for
 from lanes_pipeline.http import ChatMessage, ChatRequest, ChatResponse, Timings, Usage
@@ -148,7 +149,18 @@ class BatchConfig(BaseModel):
 
     model_alias: str
     configured_model: str
-    max_slots: int = Field(2, ge=1)
-    overflow: Overflow = "error"
-    ready_timeout_s: float = Field(600.0, gt=0)
+    max_slots: int = Field(ge=1)
+    overflow: Overflow
+    ready_timeout_s: float = Field(gt=0)
     lease_dir: Path | None = None
+
+    @classmethod
+    def of(cls, lane: CpuLane, **changes: Any) -> BatchConfig:
+        """The lane's settings (its defaults live in CpuLane, nowhere else), with `changes` on top."""
+        return cls(
+            model_alias=lane.model_alias,
+            configured_model=lane.model,
+            max_slots=lane.max_slots,
+            overflow=lane.overflow,
+            ready_timeout_s=lane.ready_timeout_s,
+        ).model_copy(update=changes)

@@ -172,8 +172,8 @@ class CpuClient(OpenAIClient):
         self,
         base_url: str,
         api_key: str | None = None,
-        timeout_s: float = 600.0,
-        connect_timeout_s: float = 10.0,
+        timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
         retry: RetryPolicy | None = None,
         seed: int | None = None,
     ) -> None:

@@ -38,7 +38,7 @@ from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.cpu_lane.endpoint_pool import CpuEndpointClient
 from lanes_pipeline.embedded.lane_resource import LaneEndpoint
 from lanes_pipeline.embedded.servers import LaneName, running_embedded_url
-from lanes_pipeline.metrics.bandwidth import YieldEvent, YieldPolicy, yielding_to_gpu
+from lanes_pipeline.metrics.bandwidth import YieldEvent, yielding_to_gpu
 from lanes_pipeline.settings import BandwidthConfig, CpuLane, GpuLane, LanesConfig, data_dir
 
 
@@ -123,22 +123,7 @@ class CpuLaneResource(LaneEndpoint):
         return Path(self.config.cache_path) if self.config.cache_path else default_cache_path()
 
     def batch_config(self) -> BatchConfig:
-        return BatchConfig(
-            model_alias=self.config.model_alias,
-            configured_model=self.config.model,
-            max_slots=self.config.max_slots,
-            overflow=self.config.overflow,
-            ready_timeout_s=self.config.ready_timeout_s,
-            lease_dir=data_dir() / "run" / "cpu-lane-slots",
-        )
-
-    def yield_policy(self) -> YieldPolicy:
-        return YieldPolicy(
-            gpu_busy_above=self.bandwidth.gpu_busy_above,
-            cpu_min_in_flight=self.bandwidth.cpu_min_in_flight,
-            quiet_s=self.bandwidth.quiet_s,
-            poll_s=self.bandwidth.poll_s,
-        )
+        return BatchConfig.of(self.config, lease_dir=data_dir() / "run" / "cpu-lane-slots")
 
     def gpu_metrics_url(self) -> str | None:
         """The GPU lane to yield to, without starting one: None when off or when no embedded one runs."""
@@ -178,7 +163,7 @@ class CpuLaneResource(LaneEndpoint):
         with (
             ExitStack() as clients,
             ResponseCache(self.resolved_cache_path()) as cache,
-            yielding_to_gpu(self.gpu_metrics_url(), self.yield_policy(), gpu_api_key, on_yield) as governor,
+            yielding_to_gpu(self.gpu_metrics_url(), self.bandwidth, gpu_api_key, on_yield) as governor,
         ):
             endpoints = self.endpoint_clients()
             for endpoint in endpoints:

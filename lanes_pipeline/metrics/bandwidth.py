@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
+from lanes_pipeline.config.models import BandwidthConfig
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.http import NO_RETRY, OpenAIClient
 from lanes_pipeline.metrics.prometheus import LaneCounters, MetricsSnapshot, lane_counters
@@ -31,23 +32,6 @@ from lanes_pipeline.metrics.prometheus import LaneCounters, MetricsSnapshot, lan
 # ---------------------------------------------------------------------------------------------------------
 # Decisions (pure)
 # ---------------------------------------------------------------------------------------------------------
-
-
-class YieldPolicy(BaseModel):
-    """When the CPU lane steps back for the GPU lane, and how far."""
-
-    model_config = ConfigDict(frozen=True)
-
-    gpu_busy_above: float = Field(
-        0, ge=0, description="vLLM running requests above this: the GPU lane is busy"
-    )
-    cpu_min_in_flight: int = Field(
-        1, ge=1, description="CPU-lane requests in flight while the GPU lane is busy"
-    )
-    quiet_s: float = Field(
-        5.0, ge=0, description="the GPU lane quiet this long: the CPU lane gets its slots back"
-    )
-    poll_s: float = Field(1.0, gt=0, description="how often vLLM's /metrics is read")
 
 
 @dataclass(frozen=True)
@@ -162,7 +146,7 @@ class GpuYieldGovernor:
     def __init__(
         self,
         gpu_url: str,
-        policy: YieldPolicy,
+        policy: BandwidthConfig,
         api_key: str | None = None,
         on_change: Callable[[YieldEvent], None] | None = None,
         read: Callable[[], float | None] | None = None,
@@ -270,7 +254,7 @@ class GpuYieldGovernor:
 @contextmanager
 def yielding_to_gpu(
     gpu_url: str | None,
-    policy: YieldPolicy,
+    policy: BandwidthConfig,
     api_key: str | None = None,
     on_change: Callable[[YieldEvent], None] | None = None,
 ) -> Iterator[GpuYieldGovernor | None]:

@@ -11,7 +11,7 @@ from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import PipelineSettingsResource
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource
 from lanes_pipeline.host import with_host_figures
-from lanes_pipeline.observatory.benchmark import lane_target, run_benchmark, yield_policy
+from lanes_pipeline.observatory.benchmark import lane_target, run_benchmark
 from lanes_pipeline.observatory.workload import WORKLOADS
 
 
@@ -38,7 +38,7 @@ def lane_benchmarks(
     settings = pipeline_settings.load()
     cpu = lane_target(settings, "cpu", cpu_lane.url)
     gpu = lane_target(settings, "gpu", gpu_lane.url)
-    result = run_benchmark(cpu, gpu, WORKLOADS[config.workload], yield_policy(settings))
+    result = run_benchmark(cpu, gpu, WORKLOADS[config.workload], settings.lanes.bandwidth)
     context.log.info(f"lane benchmark:\n{result.markdown()}")
     return MaterializeResult(
         metadata={

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from lanes_pipeline.metrics.bandwidth import YieldPolicy
 from lanes_pipeline.observatory.interference import InterferenceFigures, measure_interference
 from lanes_pipeline.observatory.measure import LaneFigures, LaneTarget, measure_lane
 from lanes_pipeline.observatory.workload import Workload
-from lanes_pipeline.settings import Settings
+from lanes_pipeline.settings import BandwidthConfig, Settings
 
 # vLLM has no slot count of its own in lanes.yaml: the editor's few concurrent requests.
 GPU_LANE_IN_FLIGHT = 2
@@ -67,18 +66,8 @@ def lane_target(settings: Settings, lane: str, url: str) -> LaneTarget:
     )
 
 
-def yield_policy(settings: Settings) -> YieldPolicy:
-    b = settings.lanes.bandwidth
-    return YieldPolicy(
-        gpu_busy_above=b.gpu_busy_above,
-        cpu_min_in_flight=b.cpu_min_in_flight,
-        quiet_s=b.quiet_s,
-        poll_s=b.poll_s,
-    )
-
-
 def run_benchmark(
-    cpu: LaneTarget | None, gpu: LaneTarget | None, work: Workload, policy: YieldPolicy
+    cpu: LaneTarget | None, gpu: LaneTarget | None, work: Workload, policy: BandwidthConfig
 ) -> LaneBenchmark:
     """Each lane alone, then (when both are there) the interference between them."""
     result = LaneBenchmark(

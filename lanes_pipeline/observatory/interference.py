@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from lanes_pipeline.metrics.bandwidth import GpuYieldGovernor, YieldPolicy
+from lanes_pipeline.config.models import BandwidthConfig
+from lanes_pipeline.metrics.bandwidth import GpuYieldGovernor
 from lanes_pipeline.observatory.measure import LaneTarget, load_bodies, run_load
 from lanes_pipeline.observatory.workload import Workload
 
@@ -84,7 +85,7 @@ def _beside(
 
 
 def measure_interference(
-    cpu: LaneTarget, gpu: LaneTarget, work: Workload, policy: YieldPolicy
+    cpu: LaneTarget, gpu: LaneTarget, work: Workload, policy: BandwidthConfig
 ) -> InterferenceFigures:
     cpu_alone = _fixed_load(cpu, work, 0)
     gpu_alone = _fixed_load(gpu, work, 0)

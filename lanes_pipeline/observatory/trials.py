@@ -31,7 +31,7 @@ from lanes_pipeline.embedded.servers import (
 )
 from lanes_pipeline.errors import EmbeddedStartError, LaneError, log_tail
 from lanes_pipeline.observatory.adapter import random_adapter
-from lanes_pipeline.observatory.benchmark import lane_target, yield_policy
+from lanes_pipeline.observatory.benchmark import lane_target
 from lanes_pipeline.observatory.interference import measure_interference
 from lanes_pipeline.observatory.measure import LaneName, LaneTarget, measure_lane
 from lanes_pipeline.observatory.quantize import check_model_file, make_gguf
@@ -105,7 +105,10 @@ def server_command(spec: TrialSpec, settings: Settings, port: int) -> tuple[Serv
         return ServerCommand(spec.lane, argv, {}, port, "/v1/models"), _served_name(spec, settings)
     if spec.lane == "cpu":
         lane = settings.lanes.cpu_lane
-        flags = {"parallel": spec.cpu.slots, "ctx_size": spec.cpu.ctx_size, "threads": spec.cpu.threads}
+        chosen = {"parallel": spec.cpu.slots, "ctx_size": spec.cpu.ctx_size}
+        flags = {key: value for key, value in chosen.items() if value is not None} | {
+            "threads": spec.cpu.threads
+        }
         # The trial's extra_args replace the lane's (a trial is one exact launch), as the lane's own, so the
         # engine's defaults yield to them (ik gets -fa off unless the trial sets flash attention itself).
         flags |= {"extra_args": spec.extra_args, **({"engine": spec.cpu.engine} if spec.cpu.engine else {})}
@@ -116,10 +119,10 @@ def server_command(spec: TrialSpec, settings: Settings, port: int) -> tuple[Serv
         command.argv = _replace(command.argv, "-m", str(path))
         return command, lane.model_alias
     gpu = settings.lanes.gpu_lane
-    embedded = gpu.embedded.model_copy(
-        update={"dtype": spec.gpu.dtype, "max_model_len": spec.gpu.max_model_len}
-    )
-    lane = gpu.model_copy(update={"embedded": embedded, "max_lora_rank": spec.gpu.max_lora_rank})
+    chosen = {"dtype": spec.gpu.dtype, "max_model_len": spec.gpu.max_model_len}
+    embedded = gpu.embedded.model_copy(update={k: v for k, v in chosen.items() if v is not None})
+    rank = spec.gpu.max_lora_rank if spec.gpu.max_lora_rank is not None else gpu.max_lora_rank
+    lane = gpu.model_copy(update={"embedded": embedded, "max_lora_rank": rank})
     command = vllm_server_command(lane, settings.data_dir, port)
     command.argv = _replace(command.argv, "--model", str(path))
     command.argv += ["--max-num-seqs", str(spec.gpu.max_num_seqs)]
@@ -178,7 +181,7 @@ def run_trial(
         "model": spec.model,
         "quant": quant_label(spec, settings),
         "threads": spec.cpu.threads if spec.lane == "cpu" else None,
-        "slots": spec.slots,
+        "slots": spec.slots(settings.lanes),
         "started": started,
     }
     command_line = ""
@@ -195,7 +198,7 @@ def run_trial(
                 lane=spec.lane,
                 url=running.url,
                 model=served,
-                slots=spec.slots,
+                slots=spec.slots(settings.lanes),
                 active_params_b=active_params_b(settings, spec.model),
                 api_key=config.api_key(),
             )
@@ -205,7 +208,7 @@ def run_trial(
             detail = None
             if other_target is not None:
                 cpu, gpu = (target, other_target) if spec.lane == "cpu" else (other_target, target)
-                detail = measure_interference(cpu, gpu, work, yield_policy(settings))
+                detail = measure_interference(cpu, gpu, work, settings.lanes.bandwidth)
         return TrialRecord(
             **base,
             command=command_line,

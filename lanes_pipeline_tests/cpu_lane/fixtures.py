@@ -37,14 +37,7 @@ def questions(count: int, max_tokens: int = 12, offset: int = 0) -> list[BatchRe
 
 
 def batch_config(settings: Settings, **changes: Any) -> BatchConfig:
-    lane = settings.lanes.cpu_lane
-    config = BatchConfig(
-        model_alias=lane.model_alias,
-        configured_model=lane.model,
-        max_slots=lane.max_slots,
-        ready_timeout_s=120.0,
-    )
-    return config.model_copy(update=changes)
+    return BatchConfig.of(settings.lanes.cpu_lane, ready_timeout_s=120.0, **changes)
 
 
 def run_batch(

@@ -270,7 +270,7 @@ def _items(count: int) -> list[BatchRequest]:
     ]
 
 
-CONFIG = BatchConfig(model_alias="smollm2", configured_model="m", ready_timeout_s=0.3)
+CONFIG = BatchConfig.of(CpuLane(model="m"), ready_timeout_s=0.3)
 
 
 def test_a_dead_endpoint_goes_down_and_its_items_are_answered_by_the_other(tmp_path: Path) -> None:

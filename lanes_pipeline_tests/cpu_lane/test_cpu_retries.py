@@ -24,7 +24,7 @@ from lanes_pipeline.cpu_lane.batch_outcomes import EMPTY_RESEED_STEP
 from lanes_pipeline.cpu_lane.client import CpuClient
 from lanes_pipeline.errors import AuthenticationError
 from lanes_pipeline.http import ChatMessage
-from lanes_pipeline.settings import RetryPolicy
+from lanes_pipeline.settings import CpuLane, RetryPolicy
 
 URL = "http://fake-ik-llama"
 
@@ -93,7 +93,7 @@ def _runner(server: FakeIkServer, tmp_path: Path) -> tuple[BatchRunner, Response
     )
     client.http = httpx.Client(base_url=URL, transport=httpx.MockTransport(server))
     cache = ResponseCache(tmp_path / "c.sqlite3")
-    config = BatchConfig(model_alias="smollm2", configured_model="m")
+    config = BatchConfig.of(CpuLane(model="m"))
     return BatchRunner(client, cache, config), cache
 
 

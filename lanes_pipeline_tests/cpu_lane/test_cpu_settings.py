@@ -40,7 +40,7 @@ def test_the_resource_holds_the_lanes_config_models(tmp_path: Path) -> None:
         settings.lanes.cpu_lane.overflow,
     )
     assert resource.retry_policy() == settings.lanes.cpu_lane.retry_policy()
-    assert resource.yield_policy().cpu_min_in_flight == settings.lanes.bandwidth.cpu_min_in_flight
+    assert resource.bandwidth == settings.lanes.bandwidth
 
     # Through a Dagster run (the resource's config goes through Dagster's config system and back).
     lane = CpuLane(base_url="http://127.0.0.1:9", cache_path=str(tmp_path / "c.sqlite3"), max_slots=3)

@@ -26,7 +26,6 @@ from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.metrics.bandwidth import (
     GpuYieldGovernor,
     LaneLoad,
-    YieldPolicy,
     YieldReport,
     cpu_active_requests,
     in_flight_cap,
@@ -72,7 +71,7 @@ def test_threshold_is_exclusive_and_an_unreadable_lane_counts_as_quiet() -> None
 def test_governor_counts_yields_and_reports_changes() -> None:
     events = []
     governor = GpuYieldGovernor(
-        "http://gpu.invalid", YieldPolicy(quiet_s=1, cpu_min_in_flight=2), on_change=events.append
+        "http://gpu.invalid", BandwidthConfig(quiet_s=1, cpu_min_in_flight=2), on_change=events.append
     )
     for now, running in ((0.0, 0), (1.0, 3), (2.0, 0), (3.5, 0), (4.0, 1), (4.5, 0), (6.0, 0)):
         governor.poll_once(running, now=now)
@@ -85,7 +84,7 @@ def test_governor_counts_yields_and_reports_changes() -> None:
 
 def test_the_first_reading_is_taken_before_start_returns() -> None:
     """A batch starting while the GPU lane is busy starts at the minimum, not at full slots for one poll."""
-    policy = YieldPolicy(cpu_min_in_flight=1, poll_s=60)
+    policy = BandwidthConfig(cpu_min_in_flight=1, poll_s=60)
     busy = GpuYieldGovernor("http://gpu.invalid", policy, read=lambda: 2)
     quiet = GpuYieldGovernor("http://gpu.invalid", policy, read=lambda: 0)
     try:
@@ -126,7 +125,7 @@ def test_a_slow_first_reading_is_waited_for_and_an_absent_gpu_lane_is_not() -> N
     """The reading that sets a batch's starting cap outlasts a poll's 5 s timeout; a refused one is quiet."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), SlowMetrics)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    policy = YieldPolicy(cpu_min_in_flight=1, poll_s=60)
+    policy = BandwidthConfig(cpu_min_in_flight=1, poll_s=60)
     slow = GpuYieldGovernor(f"http://127.0.0.1:{server.server_address[1]}", policy)
     with socket.socket() as closed:  # a port nobody listens on once this socket closes
         closed.bind(("127.0.0.1", 0))
