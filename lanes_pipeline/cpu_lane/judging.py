@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
+from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.rows import (
     DiffCheckRecord,
@@ -32,10 +31,8 @@ from lanes_pipeline.store import canonical_json, sha256_bytes
 NO_ANSWER = "the CPU lane did not answer"
 
 
-class DiffScope(BaseModel):
+class DiffScope(Frozen):
     """Where a symbol's refactor may change its file: the symbol, and the file's text at the commit."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     symbol: Symbol
     file_source: str

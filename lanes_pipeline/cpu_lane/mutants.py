@@ -17,7 +17,9 @@ import ast
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
+
+from lanes_pipeline.config.base import Frozen
 
 MutantKind = Literal["raise_not_implemented", "return_none"]
 REPLACEMENTS: dict[MutantKind, str] = {
@@ -27,9 +29,7 @@ REPLACEMENTS: dict[MutantKind, str] = {
 _Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
-class Mutant(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class Mutant(Frozen):
     target: str
     kind: MutantKind
     methods: list[str]  # the functions whose bodies were replaced (qualified names)

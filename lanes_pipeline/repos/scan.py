@@ -14,8 +14,9 @@ import ast
 from collections.abc import Collection
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.git import ls_tree, read_blobs
 from lanes_pipeline.repos.snapshot import is_test_path
 from lanes_pipeline.repos.symbols import (
@@ -83,9 +84,7 @@ def body_text(symbol: Symbol) -> str:
     return "\n".join(normalized_lines("\n".join(lines)))
 
 
-class SymbolsAt(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class SymbolsAt(Frozen):
     commit: str
     symbols: list[Symbol] = Field([], description="of the chosen (non-test) files, by path then line")
     left_out: dict[str, str] = Field({}, description="path -> why the file was not scanned")
