@@ -45,7 +45,8 @@ def day_range(first: date, last: date) -> list[str]:
 # `DagsterGraphQLClient` needs a running webserver, and `make dev` may not run one (the daemon alone runs
 # backfills). The `dagster-graphql` CLI runs the UI's own mutation, `launchPartitionBackfill`, against the
 # workspace in a process of its own, on the instance of DAGSTER_HOME: with a partition set selector it is the
-# job backfill the UI's Partitions page of daily_lanes launches.
+# job backfill the UI's Partitions page of daily_lanes launches, with an asset selection the asset backfill
+# its Lineage page launches.
 LAUNCH_BACKFILL = """
 mutation LanesBackfill($params: LaunchBackfillParams!) {
   launchPartitionBackfill(backfillParams: $params) {
@@ -67,19 +68,34 @@ REPOSITORY_NAME = "__repository__"
 PARTITION_SET_SUFFIX = "_partition_set"
 
 
-def check_days(days: list[str]) -> None:
-    """`days` must be partitions of daily_lanes already (none after the latest completed day)."""
+def check_days(days: list[str]) -> list[str]:
+    """`days` must be partitions of daily_lanes already (none after the latest completed day). Returns the
+    job's daily assets (an asset backfill's selection)."""
     from lanes_pipeline import definitions  # read at call time: tests swap in their own definitions
 
-    job = definitions.defs().resolve_job_def(DAILY_JOB)
+    defs = definitions.defs()
+    job = defs.resolve_job_def(DAILY_JOB)
     assert job.partitions_def is not None, f"{DAILY_JOB} has no partitions"
     unknown = set(days) - set(job.partitions_def.get_partition_keys())
     if unknown:
         raise click.BadParameter(f"not daily partitions (yet): {', '.join(sorted(unknown))}")
+    graph = defs.resolve_asset_graph()
+    keys = job.asset_layer.executable_asset_keys
+    return sorted(key.to_user_string() for key in keys if graph.get(key).partitions_def is not None)
 
 
-def backfill_params(days: list[str], title: str) -> dict[str, Any]:
-    """launchPartitionBackfill's parameters for a backfill of the daily_lanes job over `days`."""
+def backfill_params(days: list[str], title: str, assets: list[str] | None = None) -> dict[str, Any]:
+    """launchPartitionBackfill's parameters over `days`: a backfill of the daily_lanes job, or with `assets`
+    an asset backfill of them (Dagster plans its runs by the assets' dependencies)."""
+    described = f"lanes backfill of {len(days)} day(s) of " + ("the daily assets" if assets else DAILY_JOB)
+    common = {"title": title, "description": described}
+    if assets:
+        # The days of every asset, named: given only partition names, Dagster targets them for the root
+        # assets and every partition mapped from them downstream, which through lora_adapter's replay window
+        # are the days after the range as well.
+        days_range = {"range": {"start": days[0], "end": days[-1]}}
+        by_asset = [{"assetKey": {"path": key.split("/")}, "partitions": days_range} for key in assets]
+        return {"partitionsByAssets": by_asset, **common}
     return {
         "selector": {
             "partitionSetName": DAILY_JOB + PARTITION_SET_SUFFIX,
@@ -89,8 +105,7 @@ def backfill_params(days: list[str], title: str) -> dict[str, Any]:
             },
         },
         "partitionNames": days,
-        "title": title,
-        "description": f"lanes backfill of {len(days)} day(s) of {DAILY_JOB}",
+        **common,
     }
 
 
@@ -102,13 +117,15 @@ def _dagster_graphql() -> str:
     return found
 
 
-def submit_backfill(project_root: Path, days: list[str], title: str) -> str:
-    """Submit a backfill of the daily_lanes job for `days`; return its id."""
-    check_days(days)
+def submit_backfill(project_root: Path, days: list[str], title: str, of_assets: bool = False) -> str:
+    """Submit a backfill of the daily_lanes job (or, `of_assets`, of its daily assets) for `days`; return
+    its id."""
+    assets = check_days(days)
     with tempfile.TemporaryDirectory(prefix="lanes-backfill-") as tmp:
         answer_path, log_path = Path(tmp) / "answer.json", Path(tmp) / "graphql.log"
         argv = [_dagster_graphql(), "-w", "workspace.yaml", "-t", LAUNCH_BACKFILL]
-        argv += ["-v", json.dumps({"params": backfill_params(days, title)}), "-o", str(answer_path)]
+        params = backfill_params(days, title, assets if of_assets else None)
+        argv += ["-v", json.dumps({"params": params}), "-o", str(answer_path)]
         with (
             log_path.open("wb") as log,
             child_group(argv, cwd=project_root, grace_s=SUBMIT_GRACE_S, stdout=log) as child,
@@ -172,9 +189,16 @@ def wait_for(backfill_id: str, poll_s: float = 5.0) -> tuple[str, list[str]]:
 @click.option("--from", "first", type=click.DateTime(["%Y-%m-%d"]), required=True, help="first day")
 @click.option("--to", "last", type=click.DateTime(["%Y-%m-%d"]), required=True, help="last day (included)")
 @click.option("--wait", is_flag=True, help="block until the backfill has finished, printing its runs")
-def backfill(first: datetime, last: datetime, wait: bool) -> None:
-    """Backfill the daily_lanes job for the days FROM..TO (e.g. the days the machine was off), one run per
-    day in day order; `make dev` runs it."""
+@click.option(
+    "--assets",
+    "of_assets",
+    is_flag=True,
+    help="an asset backfill (the UI's Lineage route): runs planned by the assets' dependencies",
+)
+def backfill(first: datetime, last: datetime, wait: bool, of_assets: bool) -> None:
+    """Backfill the days FROM..TO (e.g. the days the machine was off): the daily_lanes job, one run per day
+    in day order, or with --assets its daily assets, each day judged after the day before was served;
+    `make dev` runs it."""
     stop_like_ctrl_c()  # SIGTERM / SIGHUP: the submission's processes stop, as on Ctrl-C
     try:
         settings = load_settings()
@@ -183,8 +207,10 @@ def backfill(first: datetime, last: datetime, wait: bool) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     days = day_range(first.date(), last.date())
-    backfill_id = submit_backfill(settings.project_root, days, title=f"daily_lanes {days[0]}..{days[-1]}")
-    click.echo(f"backfill {backfill_id}: daily_lanes for {days[0]} .. {days[-1]} ({len(days)} days)")
+    what = "daily assets" if of_assets else DAILY_JOB
+    title = f"{what} {days[0]}..{days[-1]}"
+    backfill_id = submit_backfill(settings.project_root, days, title=title, of_assets=of_assets)
+    click.echo(f"backfill {backfill_id}: {what} for {days[0]} .. {days[-1]} ({len(days)} days)")
     # From here on the backfill belongs to the instance, and the daemon goes on with it: a stop (also one
     # that lands while the daemons' heartbeats are read) ends only this command, as a stop, not an abort.
     try:

@@ -34,3 +34,10 @@ def replay_window(replay_window_days: int) -> TimeWindowPartitionMapping:
     return TimeWindowPartitionMapping(
         start_offset=-(replay_window_days - 1), end_offset=0, allow_nonexistent_upstream_partitions=True
     )
+
+
+def previous_day() -> TimeWindowPartitionMapping:
+    """Day D depends on day D-1 (the first day on nothing): what orders an asset's days in a backfill."""
+    return TimeWindowPartitionMapping(
+        start_offset=-1, end_offset=-1, allow_nonexistent_upstream_partitions=True
+    )

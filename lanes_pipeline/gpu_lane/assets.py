@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dagster import (
+    AssetDep,
     AssetExecutionContext,
     AssetKey,
     Failure,
@@ -28,6 +29,7 @@ from dagster import (
 )
 from pydantic import BaseModel
 
+from lanes_pipeline.daily.partitions import previous_day
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.dataset.held_out import load_held_out
@@ -68,6 +70,7 @@ from lanes_pipeline.store import ArtifactStore
 
 GROUP, POOL = "gpu_lane", "gpu_lane"
 LORA_DATASET = AssetKey("lora_dataset")
+ADAPTER_EVALUATION, SERVED_ADAPTER = AssetKey("adapter_evaluation"), AssetKey("served_adapter")
 DAY_OUTCOME = "outcome.json"
 # The schedule serves a day's adapter (or records "no adapter today") once a day: a day late warns, two fail.
 SERVED_FRESHNESS = FreshnessPolicy.time_window(
@@ -313,8 +316,9 @@ def _record_learning(store: ArtifactStore, point: LearningPoint) -> dict[str, An
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
-    # lora_dataset(D): the day's held-out tasks and eval rows it judges on.
-    deps=[lora_adapter, LORA_DATASET],
+    # lora_dataset(D): the day's held-out tasks and eval rows it judges on. adapter_evaluation(D-1): the
+    # decision of the day before, whose adapter (if promoted) is the one to beat (current_version).
+    deps=[lora_adapter, LORA_DATASET, AssetDep(ADAPTER_EVALUATION, partition_mapping=previous_day())],
     description="Executed figures for base, current and candidate: repo_pass_rate on held-out repository "
     "tasks, HumanEval pass@1 (forgetting guard), eval loss on held-out rows; the promotion decision and "
     "the day's point of the learning curve.",
@@ -400,7 +404,12 @@ def adapter_evaluation(
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
-    deps=[lora_adapter, adapter_evaluation],  # the day's adapter (its outcome) and the decision
+    # The day's adapter (its outcome) and the decision; served_adapter(D-1): the alias moves in day order.
+    deps=[
+        lora_adapter,
+        adapter_evaluation,
+        AssetDep(SERVED_ADAPTER, partition_mapping=previous_day()),
+    ],
     freshness_policy=SERVED_FRESHNESS,
     description="The day's adapter loaded into vLLM under its version name; the stable alias moved to it if "
     "it passed evaluation. No adapter today: nothing is asked of vLLM.",

@@ -93,15 +93,24 @@ def recorded(candidate: Version, inputs: dict[str, Any]) -> Measured | None:
 
 
 def current_version(registry: AdapterRegistry, alias: str, candidate: Version) -> Version | None:
-    """The latest version the alias pointed at, other than the candidate."""
-    return next(
-        (
-            registry.get(m.version)
-            for m in reversed(registry.alias_history(alias))
-            if m.version != candidate.name
-        ),
-        None,
-    )
+    """The version the candidate must beat: the latest the alias pointed at (other than the candidate), or,
+    when it is of a later day, an earlier day's version judged for promotion whose serving has not run yet.
+    An asset backfill orders each asset's days (adapter_evaluation and served_adapter each depend on their
+    own previous day) but may judge day D before day D-1's served_adapter step has moved the alias."""
+    history = registry.alias_history(alias)
+    served = next((registry.get(m.version) for m in reversed(history) if m.version != candidate.name), None)
+    moved = {m.version for m in history}
+    pending = [
+        v
+        for v in registry.versions()
+        if v.day < candidate.day
+        and v.name not in moved
+        and (v.evaluation.get("decision") or {}).get("promote")
+    ]
+    latest = max(pending, key=lambda v: (v.day, v.created_at), default=None)
+    if latest is not None and (served is None or latest.day > served.day):
+        return latest
+    return served
 
 
 def _too_few(scored: int | None, rows: int, config: TrainingConfig) -> str:

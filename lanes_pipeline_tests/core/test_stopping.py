@@ -198,7 +198,7 @@ def test_a_stop_after_the_backfill_was_submitted_ends_the_command_as_a_stop(
     monkeypatch.setattr(backfill_cli, "load_settings", lambda: SimpleNamespace(project_root=Path(".")))
     monkeypatch.setattr(backfill_cli, "use_project_instance", lambda settings: None)
     monkeypatch.setattr(backfill_cli, "prepare_instance", lambda settings: None)
-    monkeypatch.setattr(backfill_cli, "submit_backfill", lambda root, days, title: "b1")
+    monkeypatch.setattr(backfill_cli, "submit_backfill", lambda root, days, title, of_assets: "b1")
     monkeypatch.setattr(backfill_cli, "daemons_alive", lambda: True)
     monkeypatch.setattr(backfill_cli, stopped_in, interrupted)
     argv = ["--from", "2026-11-01", "--to", "2026-11-02", *(["--wait"] if wait else [])]

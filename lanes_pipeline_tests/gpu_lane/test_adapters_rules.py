@@ -183,3 +183,28 @@ def test_registry_records_versions_statuses_and_alias_moves(tmp_path: Path) -> N
         again.set_status("missing", "rejected")
     with pytest.raises(Exception, match="UNIQUE"):
         again.add("lanes-2026-11-05", day, tmp_path / "v3", "fp3", {})
+
+
+def test_the_version_to_beat_is_the_served_one_or_a_later_day_judged_for_promotion(tmp_path: Path) -> None:
+    """An asset backfill judges day D once day D-1 is judged, maybe before D-1's served_adapter moved the
+    alias: the candidate is then measured against D-1's promoted version, as the daily job would have."""
+    from lanes_pipeline.gpu_lane.measurement import current_version
+
+    registry = AdapterRegistry(tmp_path / "registry.sqlite")
+    days = [date(2026, 11, d) for d in (1, 2, 3, 4)]
+    for day in days:
+        registry.add(f"lanes-{day}", day, tmp_path / f"v{day}", "f", {})
+    names = [f"lanes-{day}" for day in days]
+    assert current_version(registry, "current", registry.get(names[1])) is None  # nothing served or judged
+    registry.record_move("current", names[0], "daily", {names[0]: "promoted"})
+    assert current_version(registry, "current", registry.get(names[2])).name == names[0]
+    registry.record_evaluation(names[1], {"decision": {"promote": True}})  # judged, not served yet
+    assert current_version(registry, "current", registry.get(names[2])).name == names[1]
+    registry.record_evaluation(names[2], {"decision": {"promote": False}})  # a rejection is never the one
+    assert current_version(registry, "current", registry.get(names[3])).name == names[1]
+    # Served since: the alias history decides again (a rollback to day 1 is what the candidate must beat).
+    registry.record_move("current", names[1], "daily", {names[1]: "promoted"})
+    registry.record_move("current", names[0], "rollback", {names[1]: "rolled_back"})
+    assert current_version(registry, "current", registry.get(names[3])).name == names[0]
+    # The candidate itself is never the one to beat.
+    assert current_version(registry, "current", registry.get(names[1])).name == names[0]
