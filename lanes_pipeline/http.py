@@ -1,7 +1,7 @@
 """The OpenAI-compatible wire format both lanes speak, as pydantic models, and a small typed client.
 
 llama-server / ik_llama.cpp and vLLM both answer `/v1/chat/completions`; each lane's own client
-(`cpu_lane/client.py`, `gpu_lane/client.py`) builds on `OpenAIClient` for what only its server has.
+(`cpu_lane/batching/client.py`, `gpu_lane/client.py`) builds on `OpenAIClient` for what only its server has.
 
 `OpenAIClient.request` retries what a second try can fix (transport errors, timeouts, 408, 429, 5xx) with
 exponential backoff and jitter, honouring a 429/503's `Retry-After`; it never retries another 4xx. Each

@@ -23,13 +23,13 @@ from typing import Any
 
 import httpx
 
-from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchRunner
-from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
-from lanes_pipeline.cpu_lane.batch_summary import BatchSummary
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.prefix_order import shared_prefix_limit
-from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
+from lanes_pipeline.cpu_lane.batching.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.batching.batch import BatchRunner
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.batching.batch_summary import BatchSummary
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.batching.prefix_order import shared_prefix_limit
+from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout, TaskKind
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.http import ChatMessage
 from lanes_pipeline.metrics.prometheus import busy_slots_between

@@ -3,8 +3,8 @@ on upstream llama.cpp's, side by side in one run.
 
 The workload is the daily `repo_analysis` task as the assets send it: a fixed prefix (instructions, the
 output schema, a repository map) and one file per request, the answer a FileAnalysis asked for with the
-bounded grammar (cpu_lane/grammar.py). The files are the sample repository's, every version of each over
-its days, then a fixture day of small standard-library modules (their first lines) until there are at
+bounded grammar (cpu_lane/batching/grammar.py). The files are the sample repository's, every version of each
+over its days, then a fixture day of small standard-library modules (their first lines) until there are at
 least MIN_ANALYSES. Each server gets its own empty data folder, so no answer is remembered from the other
 (answers are cached by task, not by server).
 
@@ -26,14 +26,14 @@ from typing import Any, get_args
 
 from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
 from lanes_pipeline.bench.cpu_yield import empty_data_dir
-from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchRunner
-from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.prompts import PromptLayout
+from lanes_pipeline.cpu_lane.batching.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.batching.batch import BatchRunner
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout
+from lanes_pipeline.cpu_lane.jobs.tasks import ANALYSIS, file_prompt
 from lanes_pipeline.cpu_lane.sample_repo import HERE as SAMPLE_REPO
 from lanes_pipeline.cpu_lane.sample_repo import HISTORY
-from lanes_pipeline.cpu_lane.tasks import ANALYSIS, file_prompt
 from lanes_pipeline.embedded.servers import build_server
 from lanes_pipeline.settings import CpuEngineName, Settings, load_settings
 

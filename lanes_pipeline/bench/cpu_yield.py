@@ -42,16 +42,16 @@ from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.assets.common import read_results
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.rows import (
+from lanes_pipeline.cpu_lane.jobs.rows import (
     AnalysisRow,
     DatasetFigures,
     GeneratedDocRow,
     GeneratedTestRow,
     RefactorRow,
 )
+from lanes_pipeline.cpu_lane.jobs.verified_sampling import KindYield, TargetTally, kind_yield
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.cpu_lane.sample_repo import HISTORY
-from lanes_pipeline.cpu_lane.verified_sampling import KindYield, TargetTally, kind_yield
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import build_server

@@ -16,15 +16,15 @@ from pydantic import PrivateAttr
 
 from lanes_pipeline.bench.cpu_yield import empty_data_dir, sample_days
 from lanes_pipeline.bench.drills import Send, kill_counts
-from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, ResponseCache, cache_key
 from lanes_pipeline.cpu_lane.assets import analysis, snapshot
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
-from lanes_pipeline.cpu_lane.batch_summary import BatchProgress
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.memo import MEMO
-from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.batching.answer_cache import CacheEntry, ResponseCache, cache_key
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.batching.batch_summary import BatchProgress
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.jobs.memo import MEMO
+from lanes_pipeline.cpu_lane.jobs.prompts import ASK, PromptLayout
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server

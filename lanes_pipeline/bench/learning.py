@@ -27,7 +27,7 @@ from dagster import DagsterInstance, materialize
 
 from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
 from lanes_pipeline.bench.cpu_yield import empty_data_dir, sample_days
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded.servers import build_server

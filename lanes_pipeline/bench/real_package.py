@@ -37,7 +37,7 @@ from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.assets.common import read_results
-from lanes_pipeline.cpu_lane.rows import GeneratedTestRow
+from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.repos.scan import symbols_at
 from lanes_pipeline.repos.snapshot import LeftOut, Snapshot, is_test_path

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from lanes_pipeline.cpu_lane.endpoint_check import check_endpoint
+from lanes_pipeline.cpu_lane.batching.endpoint_check import check_endpoint
 from lanes_pipeline.gpu_lane.adapters import local_side_problem
 from lanes_pipeline.settings import ConfigError, ConfigIssue, Settings, load_settings
 

@@ -23,11 +23,11 @@ import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
-from lanes_pipeline.cpu_lane.batch_summary import BatchProgress
-from lanes_pipeline.cpu_lane.prompts import ASK, SHORT_ANSWER, PromptLayout, TaskKind, task_kind
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, over_failure_ratio
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.batching.batch_summary import BatchProgress
+from lanes_pipeline.cpu_lane.jobs.prompts import ASK, SHORT_ANSWER, PromptLayout, TaskKind, task_kind
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource, over_failure_ratio
 from lanes_pipeline.embedded.servers import running_lanes
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.http import ChatMessage

@@ -15,7 +15,7 @@ import click
 
 from lanes_pipeline.cli.run_summary import AssetOutcome, LaneDeltas, ServedState, render, summarize_day
 from lanes_pipeline.cli.stopping import stop_like_ctrl_c
-from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
 from lanes_pipeline.deploy.instance import in_process_run_tags, prepare_instance, use_project_instance
 from lanes_pipeline.embedded.servers import LANE_LABEL, LaneEndpoints, LaneName, running_lanes
 from lanes_pipeline.errors import LaneError

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from lanes_pipeline.cpu_lane.rows import (
+from lanes_pipeline.cpu_lane.jobs.rows import (
     AnalysisFigures,
     DatasetFigures,
     Figures,
@@ -181,7 +181,7 @@ def _dataset(m: Mapping[str, Any]) -> str:
 
 
 # The one figure that says what each asset produced, from its metadata: the CPU lane's through the figure
-# models its assets write with (cpu_lane/rows.py).
+# models its assets write with (cpu_lane/jobs/rows.py).
 RESULTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "repo_snapshot": _snapshot,
     "repo_analysis": _analysis,

@@ -21,7 +21,7 @@ from dagster import (
 )
 
 from lanes_pipeline.cpu_lane.assets.common import read_results
-from lanes_pipeline.cpu_lane.rows import AnalysisRow
+from lanes_pipeline.cpu_lane.jobs.rows import AnalysisRow
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.dataset.contract import Record
 from lanes_pipeline.dataset.held_out import load_held_out, training_leaks

@@ -116,7 +116,7 @@ def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
     if "--slot-save-path" not in given:
         # Both servers served a prefix only from the slot that evaluated it (a group of 8 on 2 slots: 0.857 of
         # the layout's limit on each); with slot files the batch copies that slot into the others
-        # (cpu_lane/slot_copy.py). ik joins this path and the file name as given: hence the slash.
+        # (cpu_lane/batching/slot_copy.py). ik joins this path and the file name as given: hence the slash.
         argv += ["--slot-save-path", f"{_slot_dir(data, port)}/"]
     for flags, default in IK_DEFAULTS if embedded.engine == "ik_llama" else ():
         if not given.intersection(flags):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
 
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import PipelineSettingsResource
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource

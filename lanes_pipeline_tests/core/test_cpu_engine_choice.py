@@ -80,7 +80,7 @@ def test_ik_gets_flash_attention_off_and_the_extra_args_after_the_lanes_own(
 def test_both_engines_keep_slot_files_in_the_data_folder_unless_the_user_sets_the_path(
     fake_engines: dict[str, Path], tmp_path: Path
 ) -> None:
-    """The batch copies a group's prefix between slots with slot files (cpu_lane/slot_copy.py)."""
+    """The batch copies a group's prefix between slots with slot files (cpu_lane/batching/slot_copy.py)."""
     for engine in ("ik_llama", "llama_cpp"):
         argv = llama_server_command(CpuLane(embedded=EmbeddedCpuServer(engine=engine)), tmp_path, 9003).argv
         path = argv[argv.index("--slot-save-path") + 1]

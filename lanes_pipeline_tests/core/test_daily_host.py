@@ -152,7 +152,7 @@ def test_only_transient_lane_errors_are_left_to_the_retry_policy(error: Exceptio
 
 
 def test_a_wrapped_lane_error_is_as_transient_as_its_cause_and_every_endpoint_down_is_transient() -> None:
-    from lanes_pipeline.cpu_lane.endpoint_choice import AllEndpointsDownError
+    from lanes_pipeline.cpu_lane.batching.endpoint_choice import AllEndpointsDownError
     from lanes_pipeline.errors import ServingError
 
     down = LaneConnectionError("GPU", "u", "POST", "/v1/load_lora_adapter", "refused")

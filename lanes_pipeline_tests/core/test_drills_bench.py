@@ -19,7 +19,7 @@ from lanes_pipeline.bench.drills import Send, guarded, half_adapter_reason, kill
 from lanes_pipeline.bench.drills_cpu import SendLog, cache_check, kill_requests, memo_check
 from lanes_pipeline.bench.drills_disk import clear_error, shaped, write_day
 from lanes_pipeline.bench.drills_gpu import half_adapters, registry_state
-from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, ResponseCache
+from lanes_pipeline.cpu_lane.batching.answer_cache import CacheEntry, ResponseCache
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.store import ArtifactStore

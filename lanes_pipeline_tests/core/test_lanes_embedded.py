@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from dagster import DagsterInstance, Failure, build_asset_context, build_init_resource_context, materialize
 
 from lanes_pipeline.cli import main
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.definitions import build_definitions
 from lanes_pipeline.embedded.servers import (
     EmbeddedServer,

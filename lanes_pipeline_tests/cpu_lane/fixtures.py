@@ -10,12 +10,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
-from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
-from lanes_pipeline.cpu_lane.batch_summary import ProgressCallback
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
+from lanes_pipeline.cpu_lane.batching.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult, BatchRunner
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.batching.batch_summary import ProgressCallback
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.jobs.prompts import ASK, PromptLayout
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.settings import RetryPolicy, Settings

@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
-from lanes_pipeline.cpu_lane.batch_summary import ProgressCallback
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, InfoLog
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.batching.batch_summary import ProgressCallback
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource, InfoLog
 from lanes_pipeline.http import CHAT_PATH, ChatMessage, ChatOutcome, ChatRequest, ChatResponse
 from lanes_pipeline_tests.cpu_lane.hostile_corpus import HostileAnswer, Stage
 

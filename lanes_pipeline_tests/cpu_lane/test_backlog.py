@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.backlog import choose_work, coverage
+from lanes_pipeline.cpu_lane.jobs.backlog import choose_work, coverage
 from lanes_pipeline.repos.symbols import all_symbols, reference_counts, scan_repo
 
 SOURCES = {

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
+from lanes_pipeline.cpu_lane.batching.answer_cache import CacheEntry, ResponseCache
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult, BatchRunner
 from lanes_pipeline_tests.cpu_lane.test_cpu_endpoints import CONFIG, FakeServer, _endpoint, _items
 
 

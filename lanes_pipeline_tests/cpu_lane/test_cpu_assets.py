@@ -31,8 +31,8 @@ from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
 from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.checks import build_checks
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.rows import LaneUsageFigures, RefactorVerdict, TestRowVerdict
+from lanes_pipeline.cpu_lane.jobs.rows import LaneUsageFigures, RefactorVerdict, TestRowVerdict
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
@@ -367,7 +367,7 @@ def test_cpu_lane_assets_are_registered_daily_with_their_pool_and_checks() -> No
 
 def test_only_deterministic_failures_are_remembered() -> None:
     from lanes_pipeline.cpu_lane.assets.common import remembered_answer
-    from lanes_pipeline.cpu_lane.batch_models import ItemFailure, ItemResult
+    from lanes_pipeline.cpu_lane.batching.batch_models import ItemFailure, ItemResult
 
     def item(status: str, text: str | None = None, kind: str | None = None) -> ItemResult:
         failure = ItemFailure(kind=kind, reason="why") if kind else None

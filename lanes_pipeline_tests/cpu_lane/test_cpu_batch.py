@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, field_validator
 
-from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.client import TRUNCATION_MARKER, CpuClient, ServerInfo
-from lanes_pipeline.cpu_lane.prefix_order import shared_prefix_limit
-from lanes_pipeline.cpu_lane.prompts import ASK, SHORT_ANSWER, PromptLayout, TaskKind
-from lanes_pipeline.cpu_lane.resource import servers_metadata
+from lanes_pipeline.cpu_lane.batching.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.client import TRUNCATION_MARKER, CpuClient, ServerInfo
+from lanes_pipeline.cpu_lane.batching.prefix_order import shared_prefix_limit
+from lanes_pipeline.cpu_lane.jobs.prompts import ASK, SHORT_ANSWER, PromptLayout, TaskKind
+from lanes_pipeline.cpu_lane.resources import servers_metadata
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.errors import PromptTooLongError
 from lanes_pipeline.metrics.prometheus import LaneCounters

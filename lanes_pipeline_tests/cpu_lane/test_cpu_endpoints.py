@@ -23,19 +23,19 @@ from click.testing import CliRunner
 
 from lanes_pipeline.cli import main
 from lanes_pipeline.config.models import CpuLane, LanesConfig, normalised_url
-from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchRunner
-from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.endpoint_check import judge_answers
-from lanes_pipeline.cpu_lane.endpoint_choice import (
+from lanes_pipeline.cpu_lane.batching.answer_cache import CacheEntry, ResponseCache
+from lanes_pipeline.cpu_lane.batching.batch import BatchRunner
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.batching.endpoint_check import judge_answers
+from lanes_pipeline.cpu_lane.batching.endpoint_choice import (
     AllEndpointsDownError,
     EndpointView,
     after_endpoint_failure,
     choose_endpoint,
 )
-from lanes_pipeline.cpu_lane.endpoint_pool import CpuEndpointClient
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, servers_metadata
+from lanes_pipeline.cpu_lane.batching.endpoint_pool import CpuEndpointClient
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource, servers_metadata
 from lanes_pipeline.deploy.instance import pool_limits
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.http import ChatMessage

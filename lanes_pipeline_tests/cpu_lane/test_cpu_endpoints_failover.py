@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from lanes_pipeline.cli import main
-from lanes_pipeline.cpu_lane.batch import BatchRunner
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.endpoint_pool import CpuEndpointClient
+from lanes_pipeline.cpu_lane.batching.batch import BatchRunner
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.batching.endpoint_pool import CpuEndpointClient
 from lanes_pipeline.settings import RetryPolicy, Settings, project_root
 from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, private_cpu_server, questions

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
-from lanes_pipeline.cpu_lane.client import CpuClient, ServerInfo
-from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.batching.client import CpuClient, ServerInfo
+from lanes_pipeline.cpu_lane.jobs.prompts import ASK, PromptLayout
+from lanes_pipeline.cpu_lane.jobs.tasks import ANALYSIS, FileAnalysis, file_prompt
 from lanes_pipeline.cpu_lane.sample_repo import FIRST_MODULES
-from lanes_pipeline.cpu_lane.tasks import ANALYSIS, FileAnalysis, file_prompt
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.errors import EmbeddedStartError
 from lanes_pipeline.settings import EmbeddedCpuServer, Settings

@@ -13,11 +13,11 @@ from typing import get_args
 
 import pytest
 
-from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchRunner
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.batching.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.batching.batch import BatchRunner
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.jobs.prompts import ASK, PromptLayout
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.errors import AuthenticationError, LaneError
 from lanes_pipeline.settings import CpuEngineName, CpuLane, RetryPolicy, Settings

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, asset, materialize
 
 from lanes_pipeline.cli.cpu import cpu
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, servers_metadata
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource, servers_metadata
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.settings import CpuLane, Settings, project_root
 from lanes_pipeline_tests.config_files import read_config, write_config

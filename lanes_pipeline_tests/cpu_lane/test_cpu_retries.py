@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchRunner
-from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest
-from lanes_pipeline.cpu_lane.batch_outcomes import EMPTY_RESEED_STEP
-from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.batching.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.batching.batch import BatchRunner
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchConfig, BatchRequest
+from lanes_pipeline.cpu_lane.batching.batch_outcomes import EMPTY_RESEED_STEP
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
 from lanes_pipeline.errors import AuthenticationError
 from lanes_pipeline.http import ChatMessage
 from lanes_pipeline.settings import CpuLane, RetryPolicy

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.judging import DiffJudge
-from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.rows import (
+from lanes_pipeline.cpu_lane.jobs.judging import DiffJudge
+from lanes_pipeline.cpu_lane.jobs.memo import Memo
+from lanes_pipeline.cpu_lane.jobs.rows import (
     AnalysisRow,
     FileAnalysisRow,
     GeneratedTestRow,
@@ -18,7 +18,7 @@ from lanes_pipeline.cpu_lane.rows import (
     RememberedAnswer,
     read_rows,
 )
-from lanes_pipeline.cpu_lane.tasks import FileAnalysis
+from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore
 

@@ -10,8 +10,8 @@ from lanes_pipeline.bench.cpu_servers import (
     targets,
     workload_files,
 )
-from lanes_pipeline.cpu_lane.grammar import grammar_for
-from lanes_pipeline.cpu_lane.tasks import FileAnalysis
+from lanes_pipeline.cpu_lane.batching.grammar import grammar_for
+from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
 
 
 def test_the_workload_is_the_sample_days_then_a_fixture_day_with_one_shared_prefix() -> None:

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from dagster import DagsterInstance, asset, materialize
 
 from lanes_pipeline.cli.config import config
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, over_failure_ratio
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource, over_failure_ratio
 from lanes_pipeline.settings import BandwidthConfig, CpuLane, load_settings, project_root
 from lanes_pipeline_tests.config_files import read_config, write_config
 

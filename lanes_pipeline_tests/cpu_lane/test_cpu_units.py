@@ -16,15 +16,15 @@ from pydantic import BaseModel, field_validator
 
 from lanes_pipeline.bench.cpu_lane import fixed_prefix_requests, naive_requests
 from lanes_pipeline.cli.cpu import BatchLine, read_batch_file
-from lanes_pipeline.cpu_lane.answer_cache import (
+from lanes_pipeline.cpu_lane.batching.answer_cache import (
     CacheEntry,
     FailureRecord,
     ResponseCache,
     WeightsIdentity,
     cache_key,
 )
-from lanes_pipeline.cpu_lane.answer_parsing import extract_json, parse_structured, repair_request
-from lanes_pipeline.cpu_lane.batch_models import (
+from lanes_pipeline.cpu_lane.batching.answer_parsing import extract_json, parse_structured, repair_request
+from lanes_pipeline.cpu_lane.batching.batch_models import (
     BatchRequest,
     ItemFailure,
     ItemResult,
@@ -32,9 +32,14 @@ from lanes_pipeline.cpu_lane.batch_models import (
     cached_prompt_tokens,
     request_metrics,
 )
-from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, percentile, summarize
-from lanes_pipeline.cpu_lane.client import ServerProps, SlotState, per_slot_context, shrink_keep_tokens
-from lanes_pipeline.cpu_lane.prefix_order import (
+from lanes_pipeline.cpu_lane.batching.batch_summary import BatchProgress, percentile, summarize
+from lanes_pipeline.cpu_lane.batching.client import (
+    ServerProps,
+    SlotState,
+    per_slot_context,
+    shrink_keep_tokens,
+)
+from lanes_pipeline.cpu_lane.batching.prefix_order import (
     SendOrder,
     cacheable_prompt_tokens,
     common_prefix_len,
@@ -42,8 +47,8 @@ from lanes_pipeline.cpu_lane.prefix_order import (
     prefix_key,
     shared_prefix_limit,
 )
-from lanes_pipeline.cpu_lane.prompts import SHORT_ANSWER, PromptLayout, TaskKind, register
-from lanes_pipeline.cpu_lane.slots import SlotGate
+from lanes_pipeline.cpu_lane.batching.slots import SlotGate
+from lanes_pipeline.cpu_lane.jobs.prompts import SHORT_ANSWER, PromptLayout, TaskKind, register
 from lanes_pipeline.http import ChatMessage, ChatResponse, Timings, Usage, backoff_delay
 from lanes_pipeline.metrics.prometheus import MetricsSnapshot, busy_slots_between, parse_lane_counters
 

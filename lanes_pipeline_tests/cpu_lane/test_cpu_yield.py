@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lanes_pipeline.bench.cpu_yield import KINDS, report, sample_days
-from lanes_pipeline.cpu_lane.verified_sampling import KindYield, TargetTally, kind_yield
+from lanes_pipeline.cpu_lane.jobs.verified_sampling import KindYield, TargetTally, kind_yield
 
 
 def test_the_report_has_every_kind_the_targets_and_the_gap() -> None:

@@ -18,10 +18,10 @@ from dagster import DagsterInstance, materialize
 from lanes_pipeline.bench.cpu_yield import docs_yield
 from lanes_pipeline.cpu_lane.assets.docs import day_symbols, doc_row, generated_docs
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, ItemResult
-from lanes_pipeline.cpu_lane.batch_summary import summarize
-from lanes_pipeline.cpu_lane.docstring_day import (
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemFailure, ItemResult
+from lanes_pipeline.cpu_lane.batching.batch_summary import summarize
+from lanes_pipeline.cpu_lane.jobs.docstring_day import (
     DocAnswer,
     DocsConfig,
     DocsDay,
@@ -32,8 +32,8 @@ from lanes_pipeline.cpu_lane.docstring_day import (
     run_docs,
     verify_docs_answers,
 )
-from lanes_pipeline.cpu_lane.docstring_edit import DocstringError, document, set_docstring
-from lanes_pipeline.cpu_lane.docstrings import (
+from lanes_pipeline.cpu_lane.jobs.docstring_edit import DocstringError, document, set_docstring
+from lanes_pipeline.cpu_lane.jobs.docstrings import (
     MAX_ROUNDS,
     docs_batch,
     docs_candidates,
@@ -45,10 +45,10 @@ from lanes_pipeline.cpu_lane.docstrings import (
     round_of,
     unsafe_examples,
 )
-from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.rows import GeneratedDocRow, GeneratedTestRow
-from lanes_pipeline.cpu_lane.symbol_tests import VerifyPlace
+from lanes_pipeline.cpu_lane.jobs.memo import Memo
+from lanes_pipeline.cpu_lane.jobs.rows import GeneratedDocRow, GeneratedTestRow
+from lanes_pipeline.cpu_lane.jobs.symbol_tests import VerifyPlace
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer

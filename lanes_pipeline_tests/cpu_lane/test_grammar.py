@@ -10,8 +10,8 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
-from lanes_pipeline.cpu_lane.grammar import (
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.batching.grammar import (
     RESERVED_TOKENS,
     ChoiceShape,
     ListShape,
@@ -24,8 +24,8 @@ from lanes_pipeline.cpu_lane.grammar import (
     longest,
     object_shape,
 )
-from lanes_pipeline.cpu_lane.prompts import SHORT_ANSWER, ShortAnswer
-from lanes_pipeline.cpu_lane.tasks import ANALYSIS, FileAnalysis
+from lanes_pipeline.cpu_lane.jobs.prompts import SHORT_ANSWER, ShortAnswer
+from lanes_pipeline.cpu_lane.jobs.tasks import ANALYSIS, FileAnalysis
 from lanes_pipeline.http import ChatMessage
 
 _TOKEN = re.compile(r'\s*("(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z0-9-]+|\{\d+,\d+\}|[()?|])')

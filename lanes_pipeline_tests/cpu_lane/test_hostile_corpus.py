@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
-from lanes_pipeline.cpu_lane.tasks import FileAnalysis, extract_block, parse_diff
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis, extract_block, parse_diff
 from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline_tests.cpu_lane.hostile_corpus import HostileAnswer, corpus
 from lanes_pipeline_tests.cpu_lane.hostile_lane import (

@@ -16,11 +16,11 @@ from dagster import Failure
 
 from lanes_pipeline.cpu_lane.assets.by_symbol import SymbolQuestions
 from lanes_pipeline.cpu_lane.assets.common import remembered_answer
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, ItemResult
-from lanes_pipeline.cpu_lane.batch_summary import summarize
-from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.tasks import WRITE_TESTS
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemFailure, ItemResult
+from lanes_pipeline.cpu_lane.batching.batch_summary import summarize
+from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.jobs.tasks import WRITE_TESTS
 from lanes_pipeline.repos.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.store import ArtifactStore
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
-from lanes_pipeline.cpu_lane.mutants import MutationError, mutants, mutate
+from lanes_pipeline.cpu_lane.jobs.mutants import MutationError, mutants, mutate
 
 TEXTWRAP = Path(textwrap.__file__).read_text(encoding="utf-8")
 SLUG = (Path(sample_repo.__file__).parent / "day3" / "slug.py").read_text(encoding="utf-8")

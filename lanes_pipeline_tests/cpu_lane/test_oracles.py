@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
-from lanes_pipeline.cpu_lane.mutants import mutants
-from lanes_pipeline.cpu_lane.oracles import (
+from lanes_pipeline.cpu_lane.jobs.mutants import mutants
+from lanes_pipeline.cpu_lane.jobs.oracles import (
     Observation,
     kills_mutants,
     observe_calls,

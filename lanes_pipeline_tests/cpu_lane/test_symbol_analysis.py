@@ -16,13 +16,13 @@ import pytest
 from lanes_pipeline.cpu_lane.assets.analysis import AnalysisDay, symbol_row
 from lanes_pipeline.cpu_lane.assets.by_symbol import COVERAGE, CoverageRegister, SymbolQuestions
 from lanes_pipeline.cpu_lane.assets.refactor import RefactorDay
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
-from lanes_pipeline.cpu_lane.batch_summary import summarize
-from lanes_pipeline.cpu_lane.judging import DiffJudge
-from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.rows import AnalysisAnswer
-from lanes_pipeline.cpu_lane.tasks import FileAnalysis, symbol_defines, symbol_prompt
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.batching.batch_summary import summarize
+from lanes_pipeline.cpu_lane.jobs.judging import DiffJudge
+from lanes_pipeline.cpu_lane.jobs.memo import Memo
+from lanes_pipeline.cpu_lane.jobs.rows import AnalysisAnswer
+from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis, symbol_defines, symbol_prompt
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.repos.snapshot import SelectionRules, Snapshot, take_snapshot
 from lanes_pipeline.repos.symbols import extract_symbols

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lanes_pipeline.cpu_lane.judging import DiffJudge, DiffScope
-from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.rows import RememberedAnswer
-from lanes_pipeline.cpu_lane.symbol_diff import apply_confined, confine_to_symbol, locate
-from lanes_pipeline.cpu_lane.tasks import ParsedDiff, parse_diff
+from lanes_pipeline.cpu_lane.jobs.judging import DiffJudge, DiffScope
+from lanes_pipeline.cpu_lane.jobs.memo import Memo
+from lanes_pipeline.cpu_lane.jobs.rows import RememberedAnswer
+from lanes_pipeline.cpu_lane.jobs.symbol_diff import apply_confined, confine_to_symbol, locate
+from lanes_pipeline.cpu_lane.jobs.tasks import ParsedDiff, parse_diff
 from lanes_pipeline.repos.symbols import Symbol, extract_symbols
 from lanes_pipeline.sandbox.safety import unsafe_code_added
 from lanes_pipeline.settings import SandboxLimits

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
-from lanes_pipeline.cpu_lane.batch_summary import summarize
-from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.symbol_test_day import SymbolTestDay, SymbolTestsConfig
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.batching.batch_summary import summarize
+from lanes_pipeline.cpu_lane.jobs.memo import Memo
+from lanes_pipeline.cpu_lane.jobs.symbol_test_day import SymbolTestDay, SymbolTestsConfig
 from lanes_pipeline.git import build_history, ls_tree
 from lanes_pipeline.repos.snapshot import FileEntry, Snapshot, language_of
 from lanes_pipeline.sandbox.isolation import detect_isolation

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.cpu_lane.sample_repo as sample_repo
-from lanes_pipeline.cpu_lane.answer_cache import ResponseCache, cache_key
-from lanes_pipeline.cpu_lane.backlog import day_work
-from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemFailure, ItemResult
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.symbol_tests import (
+from lanes_pipeline.cpu_lane.batching.answer_cache import ResponseCache, cache_key
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult, BatchRunner
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemFailure, ItemResult
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.jobs.backlog import day_work
+from lanes_pipeline.cpu_lane.jobs.symbol_tests import (
     VerifyPlace,
     answer_text,
     prefill,
@@ -26,7 +26,7 @@ from lanes_pipeline.cpu_lane.symbol_tests import (
     verify_symbol_answers,
     yield_of_tests,
 )
-from lanes_pipeline.cpu_lane.verified_sampling import TargetTally, kind_yield, samples_of
+from lanes_pipeline.cpu_lane.jobs.verified_sampling import TargetTally, kind_yield, samples_of
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.repos.scan import symbols_at
 from lanes_pipeline.repos.symbols import Symbol, all_symbols, scan_repo

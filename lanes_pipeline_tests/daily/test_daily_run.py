@@ -20,8 +20,8 @@ from lanes_pipeline.cli.run_summary import (
     render,
     summarize_day,
 )
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.rows import GeneratedDocsFigures, GeneratedTestsFigures
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.jobs.rows import GeneratedDocsFigures, GeneratedTestsFigures
 from lanes_pipeline.definitions import build_definitions
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.client import VllmClient

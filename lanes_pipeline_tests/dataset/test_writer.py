@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from lanes_pipeline.cpu_lane.assets.dataset import base_model_dir, candidates_of_day, explanation
-from lanes_pipeline.cpu_lane.rows import (
+from lanes_pipeline.cpu_lane.jobs.rows import (
     AnalysisRow,
     FileAnalysisRow,
     GeneratedTestRow,
     RefactorRow,
     TestRowVerdict,
 )
-from lanes_pipeline.cpu_lane.tasks import FileAnalysis
+from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
 from lanes_pipeline.dataset import window as dataset_window
 from lanes_pipeline.dataset.writer import (
     CUT_MARK,

@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
-from lanes_pipeline.cpu_lane.batch_summary import BatchProgress
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.prompts import ASK, PromptLayout
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.slots import SlotGate
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.batching.batch_summary import BatchProgress
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.batching.slots import SlotGate
+from lanes_pipeline.cpu_lane.jobs.prompts import ASK, PromptLayout
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from dagster import DagsterInstance, RunConfig, materialize
 
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.resources import PipelineSettingsResource
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource

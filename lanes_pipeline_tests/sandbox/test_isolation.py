@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.tasks import parse_diff, static_test_problem
-from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff
+from lanes_pipeline.cpu_lane.jobs.tasks import parse_diff, static_test_problem
+from lanes_pipeline.cpu_lane.jobs.verification import baseline_passes, check_diff
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.sandbox.isolation import (
     CommandResult,
@@ -256,7 +256,7 @@ def test_sandbox_folder_is_removed(repo: tuple[Path, str], isolation: Isolation)
 
 
 def test_file_names_never_come_from_the_model(repo: tuple[Path, str], isolation: Isolation) -> None:
-    from lanes_pipeline.cpu_lane.tasks import test_module_name
+    from lanes_pipeline.cpu_lane.jobs.tasks import test_module_name
 
     assert test_module_name("pkg/../calc.py") == "test_lanes_generated_pkg____calc.py"
     with open_sandbox(repo[0], repo[1], LIMITS, isolation) as sandbox:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.oracles import observe_calls
+from lanes_pipeline.cpu_lane.jobs.oracles import observe_calls
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.sandbox.repo_env import (
     DependencySpec,

@@ -30,19 +30,19 @@ from lanes_pipeline.cpu_lane.assets.common import (
     write_partition,
 )
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
-from lanes_pipeline.cpu_lane.backlog import RepoCoverage
-from lanes_pipeline.cpu_lane.batch_models import DETERMINISTIC_FAILURES, ItemResult
-from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.rows import AnalysisAnswer, AnalysisFigures, AnalysisRow, FileAnalysisRow
-from lanes_pipeline.cpu_lane.symbol_test_day import select_day
-from lanes_pipeline.cpu_lane.tasks import (
+from lanes_pipeline.cpu_lane.batching.batch_models import DETERMINISTIC_FAILURES, ItemResult
+from lanes_pipeline.cpu_lane.jobs.backlog import RepoCoverage
+from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.jobs.rows import AnalysisAnswer, AnalysisFigures, AnalysisRow, FileAnalysisRow
+from lanes_pipeline.cpu_lane.jobs.symbol_test_day import select_day
+from lanes_pipeline.cpu_lane.jobs.tasks import (
     SYMBOL_ANALYSIS,
     TASKS_VERSION,
     FileAnalysis,
     analysis_problem,
     symbol_defines,
 )
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures

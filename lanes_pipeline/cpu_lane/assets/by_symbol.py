@@ -17,14 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lanes_pipeline.cpu_lane.assets.common import LaneUsage, is_transient, md_table
-from lanes_pipeline.cpu_lane.backlog import RepoCoverage, coverage
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
-from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind
-from lanes_pipeline.cpu_lane.resource import fail_on_transient_failures
-from lanes_pipeline.cpu_lane.symbol_test_day import register_of
-from lanes_pipeline.cpu_lane.tasks import symbol_prompt
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.jobs.backlog import RepoCoverage, coverage
+from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout, TaskKind
+from lanes_pipeline.cpu_lane.jobs.symbol_test_day import register_of
+from lanes_pipeline.cpu_lane.jobs.tasks import symbol_prompt
+from lanes_pipeline.cpu_lane.resources import fail_on_transient_failures
 from lanes_pipeline.repos.symbols import Symbol
 
 Send = Callable[[Sequence[BatchRequest]], BatchResult]

@@ -13,10 +13,10 @@ from typing import Any
 
 from dagster import MetadataValue
 
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import DETERMINISTIC_FAILURES, ItemResult
-from lanes_pipeline.cpu_lane.resource import servers_metadata
-from lanes_pipeline.cpu_lane.rows import LaneUsageFigures, RowT, read_rows
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import DETERMINISTIC_FAILURES, ItemResult
+from lanes_pipeline.cpu_lane.jobs.rows import LaneUsageFigures, RowT, read_rows
+from lanes_pipeline.cpu_lane.resources import servers_metadata
 from lanes_pipeline.cpu_lane.sample_repo import EMBEDDED_REPO, ensure_sample_repo
 from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.settings import RepoEntry, Settings

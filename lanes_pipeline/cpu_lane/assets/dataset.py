@@ -23,15 +23,15 @@ from lanes_pipeline.cpu_lane.assets.docs import generated_docs
 from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.assets.tests import generated_tests
-from lanes_pipeline.cpu_lane.docstrings import docs_candidates
-from lanes_pipeline.cpu_lane.rows import (
+from lanes_pipeline.cpu_lane.jobs.docstrings import docs_candidates
+from lanes_pipeline.cpu_lane.jobs.rows import (
     AnalysisRow,
     DatasetFigures,
     GeneratedDocRow,
     GeneratedTestRow,
     RefactorRow,
 )
-from lanes_pipeline.cpu_lane.tasks import FileAnalysis
+from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.dataset import window as dataset_window
 from lanes_pipeline.dataset.held_out import HELD_OUT_FILE, HeldOutDay, RepoHoldOut, held_out_of_repo

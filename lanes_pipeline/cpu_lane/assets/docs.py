@@ -23,12 +23,12 @@ from lanes_pipeline.cpu_lane.assets.common import (
 )
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.assets.tests import generated_tests
-from lanes_pipeline.cpu_lane.docstring_day import DocsConfig, DocsCoverage, DocsDay, DocsResult
-from lanes_pipeline.cpu_lane.docstrings import FURTHEST
-from lanes_pipeline.cpu_lane.memo import Memo
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource, fail_on_transient_failures
-from lanes_pipeline.cpu_lane.rows import GeneratedDocRow, GeneratedDocsFigures, GeneratedTestRow
-from lanes_pipeline.cpu_lane.verified_sampling import kind_yield
+from lanes_pipeline.cpu_lane.jobs.docstring_day import DocsConfig, DocsCoverage, DocsDay, DocsResult
+from lanes_pipeline.cpu_lane.jobs.docstrings import FURTHEST
+from lanes_pipeline.cpu_lane.jobs.memo import Memo
+from lanes_pipeline.cpu_lane.jobs.rows import GeneratedDocRow, GeneratedDocsFigures, GeneratedTestRow
+from lanes_pipeline.cpu_lane.jobs.verified_sampling import kind_yield
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures

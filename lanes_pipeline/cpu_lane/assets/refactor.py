@@ -33,13 +33,13 @@ from lanes_pipeline.cpu_lane.assets.common import (
 )
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.assets.tests import generated_tests
-from lanes_pipeline.cpu_lane.backlog import RepoCoverage
-from lanes_pipeline.cpu_lane.judging import DiffJudge, DiffScope
-from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.resource import CpuLaneResource
-from lanes_pipeline.cpu_lane.rows import GeneratedTestRow, RefactorFigures, RefactorRow, RememberedAnswer
-from lanes_pipeline.cpu_lane.symbol_test_day import select_day
-from lanes_pipeline.cpu_lane.tasks import SYMBOL_REFACTOR, TASKS_VERSION
+from lanes_pipeline.cpu_lane.jobs.backlog import RepoCoverage
+from lanes_pipeline.cpu_lane.jobs.judging import DiffJudge, DiffScope
+from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow, RefactorFigures, RefactorRow, RememberedAnswer
+from lanes_pipeline.cpu_lane.jobs.symbol_test_day import select_day
+from lanes_pipeline.cpu_lane.jobs.tasks import SYMBOL_REFACTOR, TASKS_VERSION
+from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.git import read_blobs

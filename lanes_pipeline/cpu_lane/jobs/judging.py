@@ -12,16 +12,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.rows import (
+from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.jobs.rows import (
     DiffCheckRecord,
     GeneratedTestRow,
     RefactorRow,
     RememberedAnswer,
 )
-from lanes_pipeline.cpu_lane.symbol_diff import apply_confined, confine_to_symbol
-from lanes_pipeline.cpu_lane.tasks import TASKS_VERSION, parse_diff
-from lanes_pipeline.cpu_lane.verification import baseline_passes, check_diff
+from lanes_pipeline.cpu_lane.jobs.symbol_diff import apply_confined, confine_to_symbol
+from lanes_pipeline.cpu_lane.jobs.tasks import TASKS_VERSION, parse_diff
+from lanes_pipeline.cpu_lane.jobs.verification import baseline_passes, check_diff
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation, detect_isolation
 from lanes_pipeline.sandbox.safety import unsafe_code_added

@@ -27,10 +27,14 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult, names_deterministic_failure
-from lanes_pipeline.cpu_lane.docstring_edit import DocstringError, Documented, document
-from lanes_pipeline.cpu_lane.docstrings import (
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import (
+    BatchRequest,
+    ItemResult,
+    names_deterministic_failure,
+)
+from lanes_pipeline.cpu_lane.jobs.docstring_edit import DocstringError, Documented, document
+from lanes_pipeline.cpu_lane.jobs.docstrings import (
     MAX_ROUNDS,
     DocStatus,
     continuation,
@@ -43,9 +47,9 @@ from lanes_pipeline.cpu_lane.docstrings import (
     unsafe_examples,
     whole_answer,
 )
-from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.symbol_tests import VerifyPlace
-from lanes_pipeline.cpu_lane.verified_sampling import DEFAULT_TEMPERATURE, TargetTally, sample_id
+from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.jobs.symbol_tests import VerifyPlace
+from lanes_pipeline.cpu_lane.jobs.verified_sampling import DEFAULT_TEMPERATURE, TargetTally, sample_id
 from lanes_pipeline.git import git
 from lanes_pipeline.repos.scan import symbols_at
 from lanes_pipeline.repos.snapshot import Snapshot, is_test_path

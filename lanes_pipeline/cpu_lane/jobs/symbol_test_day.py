@@ -21,11 +21,11 @@ from typing import Any
 from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.backlog import day_work, is_covered
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, names_deterministic_failure
-from lanes_pipeline.cpu_lane.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.symbol_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, names_deterministic_failure
+from lanes_pipeline.cpu_lane.jobs.backlog import day_work, is_covered
+from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
+from lanes_pipeline.cpu_lane.jobs.symbol_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
 from lanes_pipeline.repos.scan import SymbolsAt, symbols_at
 from lanes_pipeline.repos.snapshot import Snapshot, is_test_path
 from lanes_pipeline.repos.symbols import Symbol

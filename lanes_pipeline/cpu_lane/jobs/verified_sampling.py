@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
 
 DEFAULT_TEMPERATURE = 0.8  # above zero, or every sample of a target would be the same answer
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, FailureRecord, ResponseCache
-from lanes_pipeline.cpu_lane.batch_models import (
+from lanes_pipeline.cpu_lane.batching.answer_cache import CacheEntry, FailureRecord, ResponseCache
+from lanes_pipeline.cpu_lane.batching.batch_models import (
     BatchRequest,
     FailureKind,
     ItemFailure,
     ItemResult,
     RequestMetrics,
 )
-from lanes_pipeline.cpu_lane.client import ServerInfo
+from lanes_pipeline.cpu_lane.batching.client import ServerInfo
 from lanes_pipeline.errors import LaneStatusError, LaneUnreachableError
 from lanes_pipeline.http import ChatResponse
 

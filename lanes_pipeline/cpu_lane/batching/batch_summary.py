@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from lanes_pipeline.cpu_lane.batch_models import ItemResult
-from lanes_pipeline.cpu_lane.prefix_order import cacheable_prompt_tokens
+from lanes_pipeline.cpu_lane.batching.batch_models import ItemResult
+from lanes_pipeline.cpu_lane.batching.prefix_order import cacheable_prompt_tokens
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

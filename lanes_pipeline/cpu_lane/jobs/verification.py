@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from lanes_pipeline.cpu_lane.tasks import ParsedDiff
+from lanes_pipeline.cpu_lane.jobs.tasks import ParsedDiff
 from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest
 from lanes_pipeline.settings import SandboxLimits
 

@@ -28,17 +28,17 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
-from lanes_pipeline.cpu_lane.docstring_edit import Definition, DocstringError, set_docstring
-from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind, register
-from lanes_pipeline.cpu_lane.verified_sampling import DEFAULT_TEMPERATURE, samples_of
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.jobs.docstring_edit import Definition, DocstringError, set_docstring
+from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout, TaskKind, register
+from lanes_pipeline.cpu_lane.jobs.verified_sampling import DEFAULT_TEMPERATURE, samples_of
 from lanes_pipeline.dataset.writer import Candidate
 from lanes_pipeline.http import ChatMessage
 from lanes_pipeline.repos.symbols import Symbol, definition, parse_symbol
 from lanes_pipeline.sandbox.safety import unsafe_calls
 
 if TYPE_CHECKING:
-    from lanes_pipeline.cpu_lane.rows import GeneratedDocRow
+    from lanes_pipeline.cpu_lane.jobs.rows import GeneratedDocRow
 
 QUOTES = '"""'
 CLOSE_FENCE = "```"

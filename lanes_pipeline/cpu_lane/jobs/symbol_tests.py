@@ -31,17 +31,17 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.batch import BatchResult
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest, ItemResult
-from lanes_pipeline.cpu_lane.oracles import (
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.jobs.oracles import (
     kills_mutants,
     observe_calls,
     oracle_test_file,
     parse_calls,
 )
-from lanes_pipeline.cpu_lane.prompts import PromptLayout, TaskKind, register
-from lanes_pipeline.cpu_lane.tasks import extract_block, static_test_problem
-from lanes_pipeline.cpu_lane.verified_sampling import (
+from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout, TaskKind, register
+from lanes_pipeline.cpu_lane.jobs.tasks import extract_block, static_test_problem
+from lanes_pipeline.cpu_lane.jobs.verified_sampling import (
     DEFAULT_TEMPERATURE,
     KindYield,
     TargetTally,

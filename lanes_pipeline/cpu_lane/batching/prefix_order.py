@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from itertools import chain
 
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
 
 
 def prefix_key(request: BatchRequest) -> str | None:

@@ -15,13 +15,13 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from unidiff import PatchSet, UnidiffParseError
 
-from lanes_pipeline.cpu_lane.prompts import TaskKind, register
+from lanes_pipeline.cpu_lane.jobs.prompts import TaskKind, register
 from lanes_pipeline.repos.symbols import Symbol, SymbolSourceError, definition
 from lanes_pipeline.sandbox.safety import injection_markers, safe_repo_path, unsafe_calls
 from lanes_pipeline.settings import CpuAssetsConfig
 
 # Bump when a task's prompt or checks change in a way that should invalidate remembered results.
-TASKS_VERSION = 2  # 2: structured answers ask for a bounded GBNF grammar (cpu_lane/grammar.py)
+TASKS_VERSION = 2  # 2: structured answers ask for a bounded GBNF grammar (cpu_lane/batching/grammar.py)
 # A task's own answer budget (`lanes cpu batch` task lines) is the assets' default, declared in settings.py.
 _ASSETS = CpuAssetsConfig()
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from lanes_pipeline.cpu_lane.client import ServerProps, SlotState
+from lanes_pipeline.cpu_lane.batching.client import ServerProps, SlotState
 from lanes_pipeline.errors import LaneUnreachableError
 from lanes_pipeline.http import OpenAIClient
 from lanes_pipeline.settings import RetryPolicy

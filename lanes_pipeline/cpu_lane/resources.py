@@ -30,12 +30,12 @@ from typing import Any, ClassVar, Protocol
 
 from dagster import Failure, MetadataValue
 
-from lanes_pipeline.cpu_lane.answer_cache import ResponseCache
-from lanes_pipeline.cpu_lane.batch import BatchResult, BatchRunner
-from lanes_pipeline.cpu_lane.batch_models import BatchConfig, BatchRequest, ItemResult
-from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, ProgressCallback
-from lanes_pipeline.cpu_lane.client import CpuClient
-from lanes_pipeline.cpu_lane.endpoint_pool import CpuEndpointClient
+from lanes_pipeline.cpu_lane.batching.answer_cache import ResponseCache
+from lanes_pipeline.cpu_lane.batching.batch import BatchResult, BatchRunner
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchConfig, BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.batching.batch_summary import BatchProgress, ProgressCallback
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.batching.endpoint_pool import CpuEndpointClient
 from lanes_pipeline.embedded.lane_resource import LaneEndpoint
 from lanes_pipeline.embedded.servers import LaneName, running_embedded_url
 from lanes_pipeline.metrics.bandwidth import YieldEvent, yielding_to_gpu

@@ -10,8 +10,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.config.models import CpuLane
-from lanes_pipeline.cpu_lane.client import Overflow
-from lanes_pipeline.cpu_lane.grammar import grammar_for
+from lanes_pipeline.cpu_lane.batching.client import Overflow
+from lanes_pipeline.cpu_lane.batching.grammar import grammar_for
 from lanes_pipeline.http import ChatMessage, ChatRequest, ChatResponse, Timings, Usage
 
 

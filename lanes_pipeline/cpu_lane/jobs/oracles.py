@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
-from lanes_pipeline.cpu_lane.mutants import MutantKind, MutationError, mutants
+from lanes_pipeline.cpu_lane.jobs.mutants import MutantKind, MutationError, mutants
 from lanes_pipeline.sandbox.isolation import (
     SETUP_FAILED,
     CommandResult,

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanes_pipeline.cpu_lane.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
 from lanes_pipeline.http import ChatMessage
 
 

@@ -39,15 +39,15 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from pydantic import BaseModel, ValidationError
 
-from lanes_pipeline.cpu_lane.answer_cache import CacheEntry, ResponseCache, cache_key
-from lanes_pipeline.cpu_lane.answer_parsing import ParseOutcome, parse_structured, repair_request
-from lanes_pipeline.cpu_lane.batch_models import (
+from lanes_pipeline.cpu_lane.batching.answer_cache import CacheEntry, ResponseCache, cache_key
+from lanes_pipeline.cpu_lane.batching.answer_parsing import ParseOutcome, parse_structured, repair_request
+from lanes_pipeline.cpu_lane.batching.batch_models import (
     BatchConfig,
     BatchRequest,
     ItemResult,
     request_metrics,
 )
-from lanes_pipeline.cpu_lane.batch_outcomes import (
+from lanes_pipeline.cpu_lane.batching.batch_outcomes import (
     EMPTY_RESEED_STEP,
     Answer,
     ItemFailed,
@@ -58,18 +58,27 @@ from lanes_pipeline.cpu_lane.batch_outcomes import (
     failure_kind,
     from_cache,
 )
-from lanes_pipeline.cpu_lane.batch_summary import BatchProgress, BatchSummary, ProgressCallback, summarize
-from lanes_pipeline.cpu_lane.client import CpuClient, FittedPrompt, Overflow, ServerInfo
-from lanes_pipeline.cpu_lane.endpoint_choice import CLAIMS_PER_SLOT, AllEndpointsDownError, EndpointReport
-from lanes_pipeline.cpu_lane.endpoint_pool import (
+from lanes_pipeline.cpu_lane.batching.batch_summary import (
+    BatchProgress,
+    BatchSummary,
+    ProgressCallback,
+    summarize,
+)
+from lanes_pipeline.cpu_lane.batching.client import CpuClient, FittedPrompt, Overflow, ServerInfo
+from lanes_pipeline.cpu_lane.batching.endpoint_choice import (
+    CLAIMS_PER_SLOT,
+    AllEndpointsDownError,
+    EndpointReport,
+)
+from lanes_pipeline.cpu_lane.batching.endpoint_pool import (
     CpuEndpointClient,
     EndpointPool,
     LiveEndpoint,
     open_endpoints,
 )
-from lanes_pipeline.cpu_lane.prefix_order import SendOrder, prefix_groups
-from lanes_pipeline.cpu_lane.slot_copy import copy_slot
-from lanes_pipeline.cpu_lane.slots import CapAdmission, SlotGate
+from lanes_pipeline.cpu_lane.batching.prefix_order import SendOrder, prefix_groups
+from lanes_pipeline.cpu_lane.batching.slot_copy import copy_slot
+from lanes_pipeline.cpu_lane.batching.slots import CapAdmission, SlotGate
 from lanes_pipeline.errors import (
     AuthenticationError,
     LaneConnectionError,

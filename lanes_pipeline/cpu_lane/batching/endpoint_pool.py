@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lanes_pipeline.cpu_lane.client import CpuClient, ServerInfo
-from lanes_pipeline.cpu_lane.endpoint_choice import (
+from lanes_pipeline.cpu_lane.batching.client import CpuClient, ServerInfo
+from lanes_pipeline.cpu_lane.batching.endpoint_choice import (
     CLAIMS_PER_SLOT,
     AllEndpointsDownError,
     EndpointReport,
@@ -28,8 +28,8 @@ from lanes_pipeline.cpu_lane.endpoint_choice import (
     all_down,
     choose_endpoint,
 )
-from lanes_pipeline.cpu_lane.slot_copy import SlotCopy
-from lanes_pipeline.cpu_lane.slots import CapAdmission, SlotGate
+from lanes_pipeline.cpu_lane.batching.slot_copy import SlotCopy
+from lanes_pipeline.cpu_lane.batching.slots import CapAdmission, SlotGate
 from lanes_pipeline.errors import AuthenticationError, LaneError
 
 

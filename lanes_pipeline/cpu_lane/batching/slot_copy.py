@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from lanes_pipeline.cpu_lane.client import CpuClient
+from lanes_pipeline.cpu_lane.batching.client import CpuClient
 from lanes_pipeline.errors import LaneError
 
 # A slot file of a large model's long prompt is hundreds of MB; a restore that fails never answers on ik.

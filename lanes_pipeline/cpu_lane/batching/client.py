@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from lanes_pipeline.cpu_lane.answer_cache import WeightsIdentity
+from lanes_pipeline.cpu_lane.batching.answer_cache import WeightsIdentity
 from lanes_pipeline.errors import (
     LaneError,
     LaneNotReadyError,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from unidiff import PatchSet, UnidiffParseError
 from unidiff.patch import Hunk
 
-from lanes_pipeline.cpu_lane.tasks import DiffRejection, ParsedDiff
+from lanes_pipeline.cpu_lane.jobs.tasks import DiffRejection, ParsedDiff
 from lanes_pipeline.repos.symbols import Symbol
 
 
