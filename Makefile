@@ -12,7 +12,7 @@ PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 # The persistent Dagster instance shared by `make run` and `make dev` (holds a link to ./dagster.yaml).
 export DAGSTER_HOME ?= $(CURDIR)/data/dagster_home
 
-.PHONY: run test dev lint bench bench-docs setup browser clean postgres postgres-stop
+.PHONY: run test test-all dev lint bench bench-docs setup browser clean postgres postgres-stop
 
 $(STAMPS)/venv: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,9 +35,15 @@ browser: $(STAMPS)/venv
 	$(BIN)/python -m lanes_pipeline_tests.browser
 
 # The suite runs the CPU lane on ik_llama.cpp (the default) and a compatibility subset on upstream llama-server.
+# `make test` is the fast tier (every promise against the real servers); `make test-all` adds the `slow`
+# tier (demonstrations and registry downloads) and is what CI runs. PYTEST_ARGS passes more, e.g. -k NAME.
 test: $(STAMPS)/venv browser
 	$(BIN)/lanes setup --all-cpu-engines
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMPS)/venv browser
+	$(BIN)/lanes setup --all-cpu-engines
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 dev: setup
 	$(BIN)/lanes dev

@@ -2,6 +2,12 @@
 
 Test servers listen on free ports and are not published in data/run/, so a `make dev` running beside the
 suite is neither reused nor disturbed.
+
+A test's lane marks (`cpu_lane`, `gpu_lane`) are not written by hand: they are read from the fixtures it
+uses (`pytest_collection_modifyitems`), so `-m "not cpu_lane"` selects what runs without llama-server and
+cannot drift from the code. A test that starts a server of its own requests `cpu_engine` / `gpu_engine`;
+one that starts a lane's server in this process without saying so fails (`_servers_started_are_declared`).
+The `slow` tier, marked by hand, holds the tests that prove no promise of their own (README "Tests").
 """
 
 from __future__ import annotations
@@ -9,12 +15,62 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import cast, get_args
 
 import pytest
 
-from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
+from lanes_pipeline.embedded import engines
+from lanes_pipeline.embedded.servers import EmbeddedServer, LaneName, build_server
 from lanes_pipeline.settings import CpuEngineName, Settings, load_settings
+
+# The fixtures that give a test a real lane's server (directly or through the fixtures that use them).
+LANE_FIXTURES: dict[LaneName, frozenset[str]] = {
+    "cpu": frozenset(
+        {"cpu_server", "cpu_server_ik", "cpu_server_upstream", "cpu_server_each_engine", "cpu_engine"}
+    ),
+    "gpu": frozenset({"gpu_server", "gpu_engine"}),
+}
+LANE_MARKS: dict[LaneName, str] = {"cpu": "cpu_lane", "gpu": "gpu_lane"}
+# Fixtures that download from the package registry: their tests go to the slow tier, so the fast one needs
+# no network beyond the installs.
+REGISTRY_FIXTURES = frozenset({"real_package_repo"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test marked with the lanes its fixtures start; a lane mark written by hand is refused (it is
+    what drifted: server tests unmarked, pure tests marked)."""
+    for item in items:
+        by_hand = sorted({mark.name for mark in item.iter_markers() if mark.name in LANE_MARKS.values()})
+        if by_hand:
+            raise pytest.UsageError(
+                f"{item.nodeid}: marked {', '.join(by_hand)} by hand; lane marks come from the fixtures a "
+                f"test uses (request cpu_engine / gpu_engine to start a server of its own)"
+            )
+        fixture_names = set(getattr(item, "fixturenames", ()))
+        for lane, fixtures in LANE_FIXTURES.items():
+            if fixtures & fixture_names:
+                item.add_marker(LANE_MARKS[lane])
+        if REGISTRY_FIXTURES & fixture_names:
+            item.add_marker("slow")
+
+
+@pytest.fixture(autouse=True)
+def _servers_started_are_declared(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that starts a lane's server in this process must carry that lane's mark (from its fixtures)."""
+    marks = {mark.name for mark in request.node.iter_markers()}
+    start = EmbeddedServer.start
+
+    def declared_start(server: EmbeddedServer) -> EmbeddedServer:
+        lane = server.command.lane
+        if LANE_MARKS[lane] not in marks:
+            pytest.fail(
+                f"{request.node.nodeid} starts the {lane} lane's server but uses none of "
+                f"{sorted(LANE_FIXTURES[lane])}: request {lane}_engine so `-m` selects it"
+            )
+        return start(server)
+
+    monkeypatch.setattr(EmbeddedServer, "start", declared_start)
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +96,21 @@ def cpu_server(settings: Settings) -> Iterator[EmbeddedServer]:
         yield server.start()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def cpu_engine(settings: Settings) -> Path:
+    """The session engine's llama-server, for a test that starts its own CPU-lane server (a private one,
+    `lanes run`, a drill): requesting it marks the test `cpu_lane`."""
+    return engines.cpu_server_binary(settings.lanes.cpu_lane.embedded.engine, settings.data_dir)
+
+
+@pytest.fixture(scope="session")
+def gpu_engine(settings: Settings) -> Path:
+    """vLLM's Python and the converted model, for a test that starts its own GPU-lane server: requesting it
+    marks the test `gpu_lane`."""
+    engines.embedded_hf_model(settings.data_dir)
+    return engines.vllm_python(settings.data_dir)
 
 
 def settings_with_cpu_engine(settings: Settings, engine: CpuEngineName) -> Settings:

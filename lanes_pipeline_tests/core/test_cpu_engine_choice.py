@@ -117,7 +117,6 @@ def test_the_engine_and_extra_args_are_checked_in_the_config(config_dir: Path) -
         load_settings(config_dir)
 
 
-@pytest.mark.cpu_lane
 def test_a_failed_ik_build_names_the_step_shows_the_log_tail_and_its_path(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

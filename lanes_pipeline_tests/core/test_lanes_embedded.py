@@ -138,7 +138,7 @@ def test_failed_start_shows_log_tail_and_log_path(cpu_server: EmbeddedServer, tm
     assert "--no-such-flag" in message  # the server's own complaint, from the log tail
 
 
-@pytest.mark.cpu_lane
+@pytest.mark.usefixtures("cpu_engine")
 def test_embedded_lane_resource_starts_the_server_its_own_config_describes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

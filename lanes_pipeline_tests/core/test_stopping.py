@@ -264,9 +264,8 @@ def test_a_stop_whose_interrupt_was_swallowed_still_ends_the_backfill_wait(
     assert time.monotonic() - started < 5, "the wait slept through the stop"
 
 
-@pytest.mark.cpu_lane
-@pytest.mark.gpu_lane
 @pytest.mark.timeout(900)
+@pytest.mark.usefixtures("cpu_engine")
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
 def test_lanes_run_stops_the_run_and_its_lane(
     project: DailyProject, gpu_server: EmbeddedServer, tmp_path: Path, sig: signal.Signals
@@ -305,9 +304,9 @@ def test_lanes_run_stops_the_run_and_its_lane(
     assert any(run.status == DagsterRunStatus.FAILURE for run in runs)
 
 
-@pytest.mark.cpu_lane
-@pytest.mark.gpu_lane
+@pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.usefixtures("cpu_engine", "gpu_engine")
 def test_lanes_dev_stops_lanes_and_dagster_on_sigterm(project: DailyProject, tmp_path: Path) -> None:
     """`lanes dev` with both embedded lanes on free ports: once the UI answers, SIGTERM stops llama-server,
     vLLM, and `dagster dev` with its webserver and daemon; every port is free again."""

@@ -43,7 +43,7 @@ from lanes_pipeline.store import ArtifactStore
 from lanes_pipeline_tests.config_files import read_config, write_config
 
 # 5 runs of the whole chain, about six CPU-lane requests (plus repairs): a few minutes on two idle cores.
-pytestmark = [pytest.mark.cpu_lane, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.timeout(1800)
 
 SHAPES_V1 = '''"""Areas of simple shapes."""
 

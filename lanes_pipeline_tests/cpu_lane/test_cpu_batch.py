@@ -27,8 +27,6 @@ from lanes_pipeline_tests.cpu_lane.fixtures import (
     settings_with_cpu_lane,
 )
 
-pytestmark = pytest.mark.cpu_lane
-
 BATCH_SIZE = 20
 
 
@@ -175,6 +173,7 @@ def test_over_long_prompt_is_a_clear_error_naming_the_item(
             client.fit_prompt(request.id, request.messages, request.varying_from, 16, info, "error")
 
 
+@pytest.mark.usefixtures("cpu_engine")
 def test_over_long_prompt_shrinks_its_varying_part_when_asked(settings: Settings, tmp_path: Path) -> None:
     # A private server with a small context (256 tokens per slot): the shrunk prompt still fills a slot, and
     # evaluating 256 tokens instead of 2048 keeps the test short on two cores.
@@ -282,6 +281,7 @@ def test_a_shared_prefix_is_evaluated_once_before_the_batch_fans_out(
     assert reuse >= 0.9 * limit, (reuse, limit, [r.metrics for r in result.results])
 
 
+@pytest.mark.usefixtures("cpu_engine")
 def test_a_server_without_slot_files_fans_out_as_before_and_says_why(
     settings: Settings, tmp_path: Path
 ) -> None:

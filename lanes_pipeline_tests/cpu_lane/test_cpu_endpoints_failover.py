@@ -20,8 +20,6 @@ from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, private_cpu_server, questions
 from lanes_pipeline_tests.cpu_lane.test_cpu_endpoints import CountingCache
 
-pytestmark = pytest.mark.cpu_lane
-
 ITEMS = 24
 
 
@@ -37,6 +35,7 @@ def _config_check(tmp_path: Path, urls: list[str]) -> str:
     return result.output
 
 
+@pytest.mark.usefixtures("cpu_engine")
 def test_a_batch_survives_losing_one_of_two_endpoints(settings: Settings, tmp_path: Path) -> None:
     requests = questions(ITEMS, max_tokens=8, offset=300)
     # Few, quick retries: the killed server's items come back to the queue fast.

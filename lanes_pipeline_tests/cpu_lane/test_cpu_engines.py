@@ -32,7 +32,7 @@ from lanes_pipeline_tests.cpu_lane.fixtures import (
 )
 from lanes_pipeline_tests.cpu_lane.test_cpu_assets import Pipeline
 
-pytestmark = [pytest.mark.cpu_lane, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.timeout(1800)
 
 SAMPLE_REPO = Path(__file__).parents[2] / "lanes_pipeline" / "cpu_lane" / "sample_repo"
 
@@ -159,6 +159,7 @@ def test_long_prompts_in_both_ik_slots_at_once_do_not_crash_it(
     assert after.summary.answered == 2
 
 
+@pytest.mark.usefixtures("cpu_engine")
 def test_moe_flags_pass_through_to_ik_and_a_rejected_flag_is_named(
     settings: Settings, tmp_path: Path
 ) -> None:

@@ -31,11 +31,10 @@ from lanes_pipeline_tests.cpu_lane.fixtures import (
     settings_with_cpu_lane,
 )
 
-pytestmark = pytest.mark.cpu_lane
-
 ITEMS = 8
 
 
+@pytest.mark.usefixtures("cpu_engine")
 def test_kill_mid_batch_loses_nothing_and_the_rerun_asks_only_the_missing(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -93,6 +92,7 @@ def test_kill_mid_batch_loses_nothing_and_the_rerun_asks_only_the_missing(
         assert [r.text for r in resumed.results] == [r.text for r in clean.results]
 
 
+@pytest.mark.usefixtures("cpu_engine")
 @pytest.mark.parametrize("engine", get_args(CpuEngineName))
 def test_a_server_still_loading_is_waited_for(
     settings: Settings, tmp_path: Path, engine: CpuEngineName
@@ -116,6 +116,7 @@ def test_a_server_still_loading_is_waited_for(
     assert result.results[0].status == "ok"
 
 
+@pytest.mark.usefixtures("cpu_engine")
 @pytest.mark.parametrize("engine", get_args(CpuEngineName))
 def test_a_server_that_stays_loading_is_a_bounded_wait(settings: Settings, engine: CpuEngineName) -> None:
     with private_cpu_server(settings_with_cpu_engine(settings, engine), start=False) as server:
@@ -131,6 +132,7 @@ def test_a_server_that_stays_loading_is_a_bounded_wait(settings: Settings, engin
             starter.join()
 
 
+@pytest.mark.usefixtures("cpu_engine")
 def test_a_wrong_api_key_is_a_clear_error(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

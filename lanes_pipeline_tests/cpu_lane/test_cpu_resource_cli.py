@@ -16,8 +16,6 @@ from lanes_pipeline.settings import CpuLane, Settings, project_root
 from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.fixtures import questions
 
-pytestmark = pytest.mark.cpu_lane
-
 
 @asset(pool="cpu_lane")
 def tiny_cpu_batch(context: AssetExecutionContext, cpu_lane: CpuLaneResource) -> MaterializeResult:

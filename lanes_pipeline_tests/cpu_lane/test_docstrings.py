@@ -472,7 +472,6 @@ def test_generated_tests_rows_give_the_day_symbols_in_order() -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.cpu_lane
 @pytest.mark.timeout(300)
 def test_generated_docs_asks_the_lane_judges_every_answer_and_a_rerun_asks_nothing(
     tmp_path: Path, settings: Settings, cpu_server: EmbeddedServer

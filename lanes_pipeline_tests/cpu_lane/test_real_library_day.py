@@ -39,7 +39,7 @@ from lanes_pipeline.store import ArtifactStore
 from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.real_code import sdist_files
 
-pytestmark = [pytest.mark.cpu_lane, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.timeout(1800)
 
 REPO = "cachetools"
 BIG_CLASS = "src/cachetools/__init__.py::TTLCache"  # over 120 lines: its methods are the symbols

@@ -73,7 +73,6 @@ EDITED = {
 
 # Three days of the whole chain with a real server, about ten symbols asked twice each: a few minutes on two
 # idle cores (the module fixture's time counts against the first test).
-SERVER = pytest.mark.cpu_lane
 SERVER_TIMEOUT = pytest.mark.timeout(1800)
 
 
@@ -163,7 +162,6 @@ def backfill(
         yield done
 
 
-@SERVER
 @SERVER_TIMEOUT
 def test_each_day_snapshots_its_release_and_leaves_no_module_out_for_size(backfill: Backfill) -> None:
     limit = backfill.settings.pipeline.cpu_assets.max_file_bytes
@@ -181,7 +179,6 @@ def test_each_day_snapshots_its_release_and_leaves_no_module_out_for_size(backfi
     assert [backfill.snapshot(d).previous_commit for d in backfill.days()] == [None, *commits[:-1]]
 
 
-@SERVER
 @SERVER_TIMEOUT
 def test_later_days_ask_only_the_edited_symbols_and_the_backlog(backfill: Backfill) -> None:
     asked_before: set[str] = set()
@@ -211,7 +208,6 @@ def test_later_days_ask_only_the_edited_symbols_and_the_backlog(backfill: Backfi
         asked_before |= asked
 
 
-@SERVER
 @SERVER_TIMEOUT
 def test_the_backlog_advances_every_day(backfill: Backfill) -> None:
     asked_before: set[str] = set()
@@ -238,7 +234,6 @@ def test_the_backlog_advances_every_day(backfill: Backfill) -> None:
     assert all(f.too_large == [] for f in figures)
 
 
-@SERVER
 @SERVER_TIMEOUT
 def test_every_accepted_test_passes_again_in_a_clean_checkout(backfill: Backfill) -> None:
     limits = backfill.settings.pipeline.cpu_assets.sandbox
@@ -267,7 +262,6 @@ def test_every_accepted_test_passes_again_in_a_clean_checkout(backfill: Backfill
     assert rerun == accepted
 
 
-@SERVER
 @SERVER_TIMEOUT
 def test_every_accepted_diff_applies_on_its_commit(backfill: Backfill, tmp_path: Path) -> None:
     judged = 0

@@ -196,7 +196,7 @@ def test_an_expected_builtin_exception_has_teeth_a_wrong_call_has_none(place: Ve
     assert result.answers[0].status == "survives_mutant", result.answers[0].reason
 
 
-@pytest.mark.cpu_lane
+@pytest.mark.usefixtures("cpu_engine")
 @pytest.mark.timeout(1800)  # 24 answers and their sandbox runs: minutes on two busy cores
 def test_regression_oracles_from_the_real_server_kill_both_mutants_of_sample_functions(
     settings: Settings, place: VerifyPlace, tmp_path: Path

@@ -33,7 +33,6 @@ from lanes_pipeline.gpu_lane.resources import REGISTRY_FILE
 from lanes_pipeline.settings import Settings, project_root
 from lanes_pipeline_tests.daily.fixtures import TRAINING, DailyProject, daily_project
 
-pytestmark = [pytest.mark.cpu_lane, pytest.mark.gpu_lane]
 DAYS = ("2026-11-01", "2026-11-02", "2026-11-03")  # the sample repository's three commits
 GPU_CHAIN = ("lora_adapter", "adapter_evaluation", "served_adapter")
 EVERY_DAY = (

@@ -28,7 +28,6 @@ from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.settings import Settings, load_settings
 from lanes_pipeline_tests.daily.fixtures import daily_project
 
-pytestmark = [pytest.mark.cpu_lane, pytest.mark.gpu_lane]
 DAY = "2026-11-02"  # the sample repository's second commit: three files changed that day
 ALIAS = "lanes-current"
 

@@ -228,6 +228,7 @@ def chromium() -> Path:
     return found
 
 
+@pytest.mark.slow
 def test_the_asset_graph_page_shows_our_groups(webserver: Webserver, chromium: Path, tmp_path: Path) -> None:
     # On localhost the UI greets a new instance with a "Join the Dagster community" dialog over the graph
     # (it opens a second after the page loads, so dismissing it from the page races it). Mark it seen on the

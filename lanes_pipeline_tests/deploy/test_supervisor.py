@@ -40,6 +40,7 @@ def _daemon_ids(home: Path) -> set[str]:
         return {beat.daemon_id for beat in instance.get_daemon_heartbeats().values()}
 
 
+@pytest.mark.slow
 def test_daemon_runs_from_its_unit_and_is_restarted(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

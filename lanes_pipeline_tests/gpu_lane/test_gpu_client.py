@@ -35,7 +35,6 @@ from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.settings import Settings
 from lanes_pipeline_tests.gpu_lane.fixtures import random_adapter, write_adapter_config
 
-pytestmark = pytest.mark.gpu_lane
 PROMPT = "Name a color."
 
 

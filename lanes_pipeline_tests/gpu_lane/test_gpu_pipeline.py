@@ -46,7 +46,6 @@ lora_adapter, adapter_evaluation, served_adapter = (
     _DAILY[name] for name in ("lora_adapter", "adapter_evaluation", "served_adapter")
 )
 
-pytestmark = pytest.mark.gpu_lane
 DAY = "2026-11-05"
 ALIAS = "lanes-current"
 # Measured here: the codename is learned (training loss < 0.02) by step 6 at this rate; 8 leave a margin.

@@ -182,7 +182,6 @@ def test_answers_that_escape_fail_and_leave_nothing_behind(
     assert outcomes[2].passed and outcomes[3].passed
 
 
-@pytest.mark.gpu_lane
 def test_pass1_of_the_base_model_through_vllm(
     gpu_server: EmbeddedServer, settings: Settings, problems: list[HumanEvalProblem]
 ) -> None:

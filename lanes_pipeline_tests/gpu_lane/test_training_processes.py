@@ -27,6 +27,9 @@ from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.settings import LoraSettings, Settings, TrainingConfig
 from lanes_pipeline_tests.gpu_lane.fixtures import CODENAME, PROBE_QUESTION, SYSTEM, write_codename_day
 
+# Multi-process training (accelerate) proves no promise of the daily loop: the slow tier.
+pytestmark = pytest.mark.slow
+
 DAY = date(2026, 11, 5)
 # What test_gpu_pipeline teaches the codename with (8 steps at 2e-3, no dropout), on the CPU.
 CODENAME_TRAINING = TrainingConfig(
@@ -194,7 +197,6 @@ def _ask(url: str, model: str) -> str:
         return client.chat(ChatRequest(model=model, messages=messages, max_tokens=24)).text
 
 
-@pytest.mark.gpu_lane
 def test_vllm_serves_the_adapter_two_processes_trained(
     runs: Runs, gpu_server: EmbeddedServer, settings: Settings
 ) -> None:

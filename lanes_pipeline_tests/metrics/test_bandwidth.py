@@ -342,8 +342,6 @@ def capped_periods(report: YieldReport, end: float) -> list[tuple[float, float]]
     return [*periods, (since, end)] if since is not None else periods
 
 
-@pytest.mark.cpu_lane
-@pytest.mark.gpu_lane
 def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
     cpu_server: EmbeddedServer, gpu_server: EmbeddedServer, settings: Settings, tmp_path: Path
 ) -> None:
@@ -402,7 +400,6 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
     )
 
 
-@pytest.mark.cpu_lane
 def test_training_waits_while_a_cpu_lane_batch_holds_the_bandwidth(
     cpu_server: EmbeddedServer, settings: Settings, tmp_path: Path
 ) -> None:

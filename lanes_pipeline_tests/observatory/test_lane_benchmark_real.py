@@ -14,7 +14,8 @@ from lanes_pipeline.observatory.workload import SMALL
 from lanes_pipeline.settings import Settings
 
 
-@pytest.mark.cpu_lane
+@pytest.mark.slow
+@pytest.mark.usefixtures("cpu_engine")
 def test_a_cpu_trial_measures_the_lane_and_leaves_no_server(settings: Settings) -> None:
     # Upstream llama-server, built once by pip: this test is about the benchmark, not about building ik.
     spec = TrialSpec(

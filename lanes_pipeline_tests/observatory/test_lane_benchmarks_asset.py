@@ -14,7 +14,7 @@ from lanes_pipeline.observatory.assets import LaneBenchmarksConfig, lane_benchma
 from lanes_pipeline.settings import CpuLane, GpuLane
 
 
-@pytest.mark.gpu_lane
+@pytest.mark.slow
 def test_lane_benchmarks_materializes_every_figure(
     cpu_server: EmbeddedServer, gpu_server: EmbeddedServer
 ) -> None:

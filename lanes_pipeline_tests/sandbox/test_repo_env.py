@@ -120,6 +120,7 @@ def open_folder() -> Iterator[Path]:
         yield Path(folder)
 
 
+@pytest.mark.slow
 def test_an_environment_is_built_once_per_hash_even_when_two_ask_at_once(open_folder: Path) -> None:
     tmp_path = open_folder
     spec = read_dependencies({"requirements.txt": "six\n"})
@@ -162,6 +163,7 @@ def test_an_environment_is_built_once_per_hash_even_when_two_ask_at_once(open_fo
     assert run.outcome == "ok" and run.observations[0].value_repr == repr(env.path)
 
 
+@pytest.mark.slow
 def test_a_failed_build_is_recorded_with_its_reason_and_not_retried_at_once(tmp_path: Path) -> None:
     spec = DependencySpec(requirements=["lanes-no-such-package-anywhere==0.0.1"])
     result = ensure_env(spec, tmp_path)

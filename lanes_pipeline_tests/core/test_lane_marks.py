@@ -1,0 +1,110 @@
+"""The suite's tiers cannot drift: lane marks come from the fixtures a test uses, a hand-written one is
+refused, a test that starts a lane's server without saying so fails, and a registry-downloading fixture puts
+its tests in the slow tier. Each case runs the project's conftest hooks in a scratch pytest session."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+# The project's hooks and fixtures, with the engine fixtures replaced: these sessions start no server.
+CONFTEST = """
+from pathlib import Path
+
+import pytest
+
+from lanes_pipeline_tests.conftest import _servers_started_are_declared, pytest_collection_modifyitems
+
+
+@pytest.fixture(scope="session")
+def cpu_engine() -> Path:
+    return Path("/bin/true")
+
+
+@pytest.fixture(scope="session")
+def real_package_repo() -> Path:
+    return Path(".")
+"""
+INI = """
+[pytest]
+addopts = --strict-markers -p no:cacheprovider
+markers =
+    cpu_lane: lane
+    gpu_lane: lane
+    slow: tier
+"""
+# A server command that exits at once: start() gets past the guard only to fail with the server's own error.
+START_A_CPU_SERVER = """
+import pytest
+from lanes_pipeline.embedded.servers import EmbeddedServer, ServerCommand
+from lanes_pipeline.errors import EmbeddedStartError
+
+
+def start(tmp_path):
+    command = ServerCommand("cpu", ["/bin/true"], {}, 9, "/health")
+    with pytest.raises(EmbeddedStartError, match="exited with code 0"):
+        EmbeddedServer(command, tmp_path, ready_timeout_s=5, publish=False).start()
+"""
+
+
+@pytest.fixture
+def session(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini(INI)
+    return pytester
+
+
+def test_a_test_is_marked_with_the_lane_its_fixtures_start(session: pytest.Pytester) -> None:
+    session.makepyfile(
+        test_tiers="""
+        def test_pure():
+            pass
+
+        def test_own_server(cpu_engine):
+            pass
+
+        def test_downloads(real_package_repo):
+            pass
+        """
+    )
+    lane = session.runpytest("--collect-only", "-q", "-m", "cpu_lane")
+    lane.stdout.fnmatch_lines(["test_tiers.py::test_own_server", "*1/3 tests collected (2 deselected)*"])
+    fast = session.runpytest("--collect-only", "-q", "-m", "not slow")
+    fast.stdout.fnmatch_lines(["*2/3 tests collected (1 deselected)*"])
+    assert "test_downloads" not in fast.stdout.str()
+
+
+def test_a_lane_mark_written_by_hand_is_refused(session: pytest.Pytester) -> None:
+    session.makepyfile(
+        test_by_hand="""
+        import pytest
+
+        @pytest.mark.gpu_lane
+        def test_claims_a_server():
+            pass
+        """
+    )
+    result = session.runpytest("--collect-only", "-q")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_by_hand.py::test_claims_a_server: marked gpu_lane by hand*"])
+
+
+def test_a_server_started_without_its_fixture_fails_the_test(session: pytest.Pytester) -> None:
+    session.makepyfile(
+        test_undeclared=START_A_CPU_SERVER
+        + """
+
+def test_starts_unannounced(tmp_path):
+    start(tmp_path)
+
+
+@pytest.mark.usefixtures("cpu_engine")
+def test_starts_with_its_fixture(tmp_path):
+    start(tmp_path)
+"""
+    )
+    # In a process of its own: in this one, this very test's guard wraps EmbeddedServer.start too.
+    result = session.runpytest_subprocess("-q")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_starts_unannounced starts the cpu lane's server but uses none of*"])
