@@ -324,6 +324,7 @@ def test_dataset_holds_only_accepted_and_clean_rows(runs: dict[str, Any]) -> Non
     from datasets import load_from_disk
 
     pipeline = runs["pipeline"]
+    rows_read = 0
     for day in ("2026-11-01", "2026-11-02", "2026-11-03"):
         folder = pipeline.store.folder("lora_dataset", day)
         data = load_from_disk(str(folder))
@@ -331,10 +332,13 @@ def test_dataset_holds_only_accepted_and_clean_rows(runs: dict[str, Any]) -> Non
         tests = {t["path"] for t in pipeline.results("generated_tests", day) if t["verdict"] == "passed"}
         for split in data.values():
             for row in split:
+                rows_read += 1
                 text = "\n".join(m["content"] for m in row["messages"])
                 assert "Ignore all previous instructions" not in text
                 if row["task"] == "write_tests":
                     assert any(f"File: {path}" in text for path in tests)
+    # The checks above ran on rows: an empty dataset would pass them all.
+    assert rows_read > 0, "no dataset row on any day"
     window = runs["day3"].metadata["lora_dataset"]["window_days"]
     assert window == ["2026-11-01", "2026-11-02", "2026-11-03"]
 

@@ -1,11 +1,13 @@
 """CPU-lane faults, each on a private real llama-server: killed mid-batch and restarted, still loading,
-and guarded by an API key the client gets wrong; and a batch stopped mid-generation (on the session's
-server). No fake servers: the real one produces all of these."""
+and guarded by an API key the client gets wrong; and on the session's server, the client process SIGKILLed
+mid-batch and a batch stopped mid-generation. No fake servers: the real one produces all of these."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -32,6 +34,17 @@ from lanes_pipeline_tests.cpu_lane.fixtures import (
 )
 
 ITEMS = 8
+# The batch client of test_a_client_killed_mid_batch..., run as a process of its own to be SIGKILLed.
+BATCH_CLIENT = """
+import sys
+from pathlib import Path
+
+from lanes_pipeline.settings import load_settings
+from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, questions, run_batch
+
+url, cache_path, items, max_tokens, offset = sys.argv[1], Path(sys.argv[2]), *map(int, sys.argv[3:])
+run_batch(url, cache_path, batch_config(load_settings()), questions(items, max_tokens, offset))
+"""
 
 
 @pytest.mark.usefixtures("cpu_engine")
@@ -90,6 +103,49 @@ def test_kill_mid_batch_loses_nothing_and_the_rerun_asks_only_the_missing(
         # its batched prompt path (micro-batches of 64+ tokens, Q4_1) gives other logits than one token at a
         # time, so a prompt evaluated whole and one served from the prefix cache can be answered differently.
         assert [r.text for r in resumed.results] == [r.text for r in clean.results]
+
+
+def test_a_client_killed_mid_batch_loses_nothing_and_the_rerun_asks_only_the_missing(
+    cpu_server: EmbeddedServer, settings: Settings, tmp_path: Path
+) -> None:
+    """The batch's own process SIGKILLed (no handler runs: the OOM killer, `kill -9`) once some answers are
+    committed: every committed answer is kept, and the re-run asks the server for exactly the rest."""
+    items, max_tokens, offset = 16, 16, 300
+    requests = questions(items, max_tokens, offset)
+    cache_path = tmp_path / "killed-client.sqlite3"
+    argv = [sys.executable, "-c", BATCH_CLIENT, cpu_server.url, str(cache_path), str(items), str(max_tokens)]
+    client_process = subprocess.Popen([*argv, str(offset)], start_new_session=True)
+    committed, deadline = 0, time.monotonic() + 300
+    try:
+        while committed < 3 and client_process.poll() is None and time.monotonic() < deadline:
+            if cache_path.exists():
+                with ResponseCache(cache_path) as cache:
+                    committed = cache.count()
+            time.sleep(0.02)
+    finally:
+        if client_process.poll() is None:
+            os.killpg(client_process.pid, signal.SIGKILL)
+        client_process.wait(timeout=60)
+    assert client_process.returncode == -signal.SIGKILL, (
+        f"the client ended (exit {client_process.returncode}) before it was killed, {committed} answers kept"
+    )
+    with ResponseCache(cache_path) as cache:
+        kept = cache.count()
+    assert 3 <= kept < items, f"the kill must land mid-batch: {kept} of {items} answers committed"
+
+    with CpuClient(cpu_server.url) as client:
+        # What the dead client left running on the server finishes first, so the counters see only the re-run.
+        while client.counters().requests_running and time.monotonic() < deadline:
+            time.sleep(0.1)
+        before = client.counters()
+        resumed = run_batch(cpu_server.url, cache_path, batch_config(settings), requests)
+        _, asked_generated = client.counters().tokens_since(before)
+    summary = resumed.summary
+    assert summary.failed == 0, [r.failure for r in resumed.results]
+    assert (summary.cache_hits, summary.answered) == (kept, items - kept)
+    assert summary.requests_sent == summary.answered + summary.discarded_answers
+    assert asked_generated == summary.completion_tokens + summary.discarded_completion_tokens
+    assert [r.id for r in resumed.results] == [r.id for r in requests]
 
 
 @pytest.mark.usefixtures("cpu_engine")
