@@ -12,7 +12,7 @@ machine. An allow-list root (an empty tmpfs, then read-only binds of what is nee
 covers over known secret places: whatever nobody thought of (a checkout under /work, a data disk under
 /mnt, /opt, /var) stays out by default.
 
-What is guaranteed, and checked by lanes_pipeline_tests/cpu_lane/test_sandbox.py and
+What is guaranteed, and checked by lanes_pipeline_tests/sandbox/test_isolation.py and
 test_sandbox_hides_host.py on this machine:
 - **the host is hidden**: the command sees the worktree (writable), the harness, the interpreter it runs
   (its virtual environment, the installation that environment was made from: the project's `.venv` and

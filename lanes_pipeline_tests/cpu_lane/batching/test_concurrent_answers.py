@@ -12,7 +12,7 @@ import httpx
 
 from lanes_pipeline.cpu_lane.batching.answer_cache import CacheEntry, ResponseCache
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult, BatchRunner
-from lanes_pipeline_tests.cpu_lane.test_cpu_endpoints import CONFIG, FakeServer, _endpoint, _items
+from lanes_pipeline_tests.cpu_lane.batching.test_cpu_endpoints import CONFIG, FakeServer, _endpoint, _items
 
 
 class MeetingServer(FakeServer):

@@ -17,8 +17,8 @@ from lanes_pipeline.cpu_lane.batching.client import CpuClient
 from lanes_pipeline.cpu_lane.batching.endpoint_pool import CpuEndpointClient
 from lanes_pipeline.settings import RetryPolicy, Settings, project_root
 from lanes_pipeline_tests.config_files import read_config, write_config
+from lanes_pipeline_tests.cpu_lane.batching.test_cpu_endpoints import CountingCache
 from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, private_cpu_server, questions
-from lanes_pipeline_tests.cpu_lane.test_cpu_endpoints import CountingCache
 
 ITEMS = 24
 
