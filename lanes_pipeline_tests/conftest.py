@@ -6,7 +6,7 @@ suite is neither reused nor disturbed.
 A test's lane marks (`cpu_lane`, `gpu_lane`) are not written by hand: they are read from the fixtures it
 uses (`pytest_collection_modifyitems`), so `-m "not cpu_lane"` selects what runs without llama-server and
 cannot drift from the code. A test that starts a server of its own requests `cpu_engine` / `gpu_engine`;
-one that starts a lane's server in this process without saying so fails (`_servers_started_are_declared`).
+one that starts a lane's engine in this process without saying so fails (`_servers_started_are_declared`).
 The `slow` tier, marked by hand, holds the tests that prove no promise of their own (README "Tests").
 """
 
@@ -57,15 +57,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _servers_started_are_declared(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A test that starts a lane's server in this process must carry that lane's mark (from its fixtures)."""
+    """A test that starts a lane's engine in this process (a program from the engines folder; a stand-in
+    such as `sh -c ...` is no engine) must carry that lane's mark (from its fixtures)."""
     marks = {mark.name for mark in request.node.iter_markers()}
     start = EmbeddedServer.start
 
     def declared_start(server: EmbeddedServer) -> EmbeddedServer:
-        lane = server.command.lane
-        if LANE_MARKS[lane] not in marks:
+        lane, program = server.command.lane, Path(server.command.argv[0])
+        if program.is_relative_to(engines.engines_dir()) and LANE_MARKS[lane] not in marks:
             pytest.fail(
-                f"{request.node.nodeid} starts the {lane} lane's server but uses none of "
+                f"{request.node.nodeid} starts the {lane} lane's engine ({program}) but uses none of "
                 f"{sorted(LANE_FIXTURES[lane])}: request {lane}_engine so `-m` selects it"
             )
         return start(server)

@@ -34,15 +34,17 @@ markers =
     gpu_lane: lane
     slow: tier
 """
-# A server command that exits at once: start() gets past the guard only to fail with the server's own error.
+# An "engine" that exits at once (a program in the engines folder): start() gets past the guard only to fail
+# with the server's own error.
 START_A_CPU_SERVER = """
 import pytest
+from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer, ServerCommand
 from lanes_pipeline.errors import EmbeddedStartError
 
 
-def start(tmp_path):
-    command = ServerCommand("cpu", ["/bin/true"], {}, 9, "/health")
+def start(tmp_path, program="engine"):
+    command = ServerCommand("cpu", [str(engines.engines_dir() / program)], {}, 9, "/health")
     with pytest.raises(EmbeddedStartError, match="exited with code 0"):
         EmbeddedServer(command, tmp_path, ready_timeout_s=5, publish=False).start()
 """
@@ -90,7 +92,12 @@ def test_a_lane_mark_written_by_hand_is_refused(session: pytest.Pytester) -> Non
     result.stderr.fnmatch_lines(["*test_by_hand.py::test_claims_a_server: marked gpu_lane by hand*"])
 
 
-def test_a_server_started_without_its_fixture_fails_the_test(session: pytest.Pytester) -> None:
+def test_an_engine_started_without_its_fixture_fails_the_test(
+    session: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engines_dir = session.mkdir("engines")
+    (engines_dir / "engine").symlink_to("/bin/true")
+    monkeypatch.setenv("LANES_ENGINES_DIR", str(engines_dir))
     session.makepyfile(
         test_undeclared=START_A_CPU_SERVER
         + """
@@ -102,9 +109,15 @@ def test_starts_unannounced(tmp_path):
 @pytest.mark.usefixtures("cpu_engine")
 def test_starts_with_its_fixture(tmp_path):
     start(tmp_path)
+
+
+def test_starts_a_stand_in_that_is_no_engine(tmp_path):
+    command = ServerCommand("cpu", ["/bin/true"], {}, 9, "/health")
+    with pytest.raises(EmbeddedStartError, match="exited with code 0"):
+        EmbeddedServer(command, tmp_path, ready_timeout_s=5, publish=False).start()
 """
     )
     # In a process of its own: in this one, this very test's guard wraps EmbeddedServer.start too.
     result = session.runpytest_subprocess("-q")
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*test_starts_unannounced starts the cpu lane's server but uses none of*"])
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*test_starts_unannounced starts the cpu lane's engine (*engine) but*"])
