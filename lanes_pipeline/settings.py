@@ -63,6 +63,9 @@ from lanes_pipeline.config.models import (
     LaneConnection as LaneConnection,
 )
 from lanes_pipeline.config.models import (
+    LaneName as LaneName,
+)
+from lanes_pipeline.config.models import (
     LanesConfig as LanesConfig,
 )
 from lanes_pipeline.config.models import (

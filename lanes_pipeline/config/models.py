@@ -30,6 +30,9 @@ Port = Annotated[int, Field(ge=0, le=65535, description="0 picks a free port at 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
 
+LaneName = Literal["cpu", "gpu"]  # the two lanes, as configs, commands and figures name them
+
+
 class RetryPolicy(StrictModel):
     """How a lane's client retries a request: transport errors, timeouts, 408, 429 and 5xx, with exponential
     backoff and jitter (a 429's Retry-After instead, capped at backoff_max_s). Other 4xx never."""
@@ -283,7 +286,7 @@ class ModelEntry(StrictModel):
     active_params_b: float | None = Field(None, gt=0, description="active parameters per token (MoE)")
     arch: Literal["dense", "moe"]
     quantization: str = Field(min_length=1, description="e.g. GGUF Q5_K_M, GGUF Q4_1, NVFP4, FP8, BF16")
-    lane: Literal["cpu", "gpu"]
+    lane: LaneName
     path: str = Field(min_length=1, description="GGUF file or HF folder; 'embedded' for the bundled model")
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from lanes_pipeline.config.base import ConfigError, ConfigIssue, StrictModel
 from lanes_pipeline.config.files import file_issues, read_yaml
-from lanes_pipeline.config.models import CpuEngineName, LanesConfig
+from lanes_pipeline.config.models import CpuEngineName, LaneName, LanesConfig
 
 TRIALS_FILE = "trials.yaml"
 # What llama-quantize can make from the F16 conversion; F16 is the conversion itself.
@@ -60,7 +60,7 @@ class TrialSpec(StrictModel):
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    lane: Literal["cpu", "gpu"]
+    lane: LaneName
     model: str = Field(min_length=1, description="a name in models.yaml: parameter counts for PF")
     file: str = "embedded"
     quant: str | None = Field(None, description="label in the table; default from file / models.yaml")

@@ -22,6 +22,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from lanes_pipeline.config.models import LaneName
+
 Mode = Literal["user", "system"]
 TARGET = "lanes-pipeline.target"
 COMPOSE_FILE = "lanes-pipeline.compose.yaml"
@@ -38,7 +40,7 @@ class LaneServer(BaseModel):
     """An embedded lane's server as its command builder made it (embedded/servers.py ServerCommand)."""
 
     model_config = ConfigDict(extra="forbid")
-    lane: Literal["cpu", "gpu"]
+    lane: LaneName
     argv: list[str]
     env: dict[str, str]
     port: int

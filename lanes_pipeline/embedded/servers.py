@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import httpx
 import psutil
@@ -31,9 +30,8 @@ from lanes_pipeline.errors import (
     PortInUseError,
     log_tail,
 )
-from lanes_pipeline.settings import CpuLane, GpuLane, Settings
+from lanes_pipeline.settings import CpuLane, GpuLane, LaneName, Settings
 
-LaneName = Literal["cpu", "gpu"]
 LANE_LABEL: dict[LaneName, str] = {"cpu": "CPU", "gpu": "GPU"}
 STOP_GRACE_S = 20.0
 

@@ -15,15 +15,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from lanes_pipeline.config.models import LaneName
 from lanes_pipeline.metrics.prometheus import LaneCounters, MetricsSnapshot, lane_counters
 from lanes_pipeline.observatory import workload as wl
 
-LaneName = Literal["cpu", "gpu"]
 REQUEST_TIMEOUT_S = 300.0
 
 # ---------------------------------------------------------------------------------------------------------
