@@ -198,15 +198,6 @@ DIFFS: tuple[Row, ...] = (
     (
         None,
         (
-            "r_new_file_tmp",
-            "write_outside",
-            f"```diff\n--- /dev/null\n+++ b/{CANARY}_r12\n@@ -0,0 +1,1 @@\n+escaped\n```",
-            (f"{CANARY}_r12",),
-        ),
-    ),
-    (
-        None,
-        (
             "r_git_hook",
             "path_traversal",
             "```diff\n--- /dev/null\n+++ b/.git/hooks/pre-commit\n@@ -0,0 +1,2 @@\n+#!/bin/sh\n"

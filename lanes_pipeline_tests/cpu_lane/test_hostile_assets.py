@@ -12,8 +12,10 @@ analysis and one refactor each, three test and three docstring samples each: 120
 - `crashed_runs` counts runs that failed (a hostile answer must cost an item, never the run).
 
 All three must be 0, every entry must have been sent and come back exactly, and no request may have gone
-unmatched. The model emits only what the grammar forces, so the day takes the time of its ~120 short
-answers and the sandbox runs of what parsed (a few minutes on two busy cores).
+unmatched. The positive control: each stage's one harmless answer (the corpus' `control` entries) must be
+accepted and reach the dataset, so an empty dataset cannot pass for a safe one. The model emits only what
+the grammar forces, so the day takes the time of its ~120 short answers and the sandbox runs of what parsed
+(a few minutes on two busy cores).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from dagster import DagsterInstance, load_assets_from_modules, materialize
@@ -50,6 +52,7 @@ from lanes_pipeline_tests.cpu_lane.hostile_corpus import (
     LISTEN_PORT,
     SECRET_FILE,
     VICTIM,
+    Stage,
     corpus,
 )
 from lanes_pipeline_tests.cpu_lane.hostile_lane import HostileCpuLane, HostileDeliveries
@@ -235,7 +238,7 @@ def test_the_corpus_went_through_the_real_server_exactly(hostile_day: HostileDay
 
 def test_no_hostile_answer_escaped_reached_the_dataset_or_crashed_a_run(hostile_day: HostileDay) -> None:
     delivered = hostile_day.deliveries.delivered()
-    entries = [e for e in hostile_day.deliveries.entries if e.name in delivered]
+    entries = [e for e in hostile_day.deliveries.entries if e.name in delivered and not e.control]
     reached = sorted(
         e.name
         for e in entries
@@ -260,6 +263,17 @@ def test_each_stage_judged_every_hostile_answer_with_a_reason(hostile_day: Hosti
     assert md["repo_analysis"]["items"] == 15
     assert md["generated_tests"]["candidates"] == 15
     assert md["refactor_proposals"]["proposals"] == 15
-    # Nothing hostile is accepted as a refactor or a docstring: every one is rejected with its reason.
-    assert md["refactor_proposals"]["accepted"] == 0
-    assert md["generated_docs"]["accepted"] == 0
+    # Nothing hostile is accepted as a refactor or a docstring, only each stage's harmless control.
+    assert md["refactor_proposals"]["accepted"] == 1
+    assert md["generated_docs"]["accepted"] == 1
+
+
+def test_each_stages_harmless_control_reached_the_dataset(hostile_day: HostileDay) -> None:
+    controls = [e for e in hostile_day.deliveries.entries if e.control]
+    assert {c.stage for c in controls} == set(get_args(Stage))
+    delivered = hostile_day.deliveries.delivered()
+    assert {c.name for c in controls} <= delivered
+    missing = {
+        c.name: [m for m in c.markers if not any(m in row for row in hostile_day.rows)] for c in controls
+    }
+    assert {name: lost for name, lost in missing.items() if lost} == {}, len(hostile_day.rows)

@@ -69,7 +69,7 @@ def test_aimed_diffs_parse_apply_and_their_context_is_the_symbols_lines(tmp_path
     shutil.copy(DAY1 / "mathbits.py", tmp_path / "mathbits.py")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     aimed = [e for e in corpus() if e.stage == "diff" and e.symbol is not None]
-    assert len(aimed) == 9
+    assert len(aimed) == 10  # 9 hostile, and the harmless control
     for entry in aimed:
         assert entry.symbol is not None
         path, name = entry.symbol.split("::")
