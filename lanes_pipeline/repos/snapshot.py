@@ -23,13 +23,15 @@ from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.git import TreeEntry, commit_as_of, commit_time, ls_tree, read_blobs
-from lanes_pipeline.sandbox.safety import injection_markers
+from lanes_pipeline.sandbox.safety import committed_secrets, injection_markers
 
 # ---------------------------------------------------------------------------------------------------------
 # Models
 # ---------------------------------------------------------------------------------------------------------
 
-LeftOutReason = Literal["binary", "vendored", "too_large", "git_ignored", "prompt_injection", "not_utf8"]
+LeftOutReason = Literal[
+    "binary", "vendored", "too_large", "git_ignored", "prompt_injection", "secret", "not_utf8"
+]
 
 
 class FileEntry(Frozen):
@@ -243,6 +245,11 @@ def _left_out_reason(
     if markers:
         # Never shown to the model, never in the dataset: text that tries to steer the model is quarantined.
         return "prompt_injection", "; ".join(markers[:3])
+    secrets = committed_secrets(text)
+    if secrets:
+        # A key committed by mistake: the file is named (with the kind of key, never its value) so the user
+        # can rotate it; no prompt carries it, so no answer, artifact or dataset row can.
+        return "secret", ", ".join(secrets)
     return None, ""
 
 

@@ -2,7 +2,8 @@
 
 - `injection_markers`: text that tries to steer a model (prompt injection) inside repository files or
   model answers. Such files are quarantined at snapshot time and such records are dropped from the dataset.
-- `secret_findings`: keys, tokens and private keys, found with detect-secrets' plugins.
+- `secret_findings`: keys, tokens and private keys, found with detect-secrets' plugins;
+  `committed_secrets`: the ones of a known shape, for which a whole file is left out of the day.
 - `unsafe_calls`: what a generated test may not do even inside the sandbox, because a test that does it
   would teach the LoRA to write such tests (the sandbox is the enforcement; this is the dataset policy).
 - `safe_repo_path`: a path a model named may only point inside the repository.
@@ -61,6 +62,18 @@ def secret_findings(text: str) -> list[str]:
     if re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", text):
         found.add("Private Key")
     return sorted(found)
+
+
+# detect-secrets' findings that only say "random-looking" or "a variable named like a password": in real code
+# they are hashes, test vectors and defaults as often as secrets. A row holding one is still dropped from the
+# dataset (secret_findings), but a file is not left out of the day for it.
+SHAPELESS_SECRETS = frozenset({"Base64 High Entropy String", "Hex High Entropy String", "Secret Keyword"})
+
+
+def committed_secrets(text: str) -> list[str]:
+    """Secret types of a known shape (cloud keys, access tokens, private keys, ...) found in a file's
+    `text`: such a file is left out of the day, so no prompt, answer or artifact carries the secret."""
+    return [found for found in secret_findings(text) if found not in SHAPELESS_SECRETS]
 
 
 def safe_repo_path(path: str) -> bool:
