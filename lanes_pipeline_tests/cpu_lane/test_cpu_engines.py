@@ -136,6 +136,7 @@ def near_full_request(client: CpuClient, info: ServerInfo, item: int, max_tokens
     return build(low)
 
 
+@pytest.mark.slow  # a regression of ik_llama.cpp's own kernels
 def test_long_prompts_in_both_ik_slots_at_once_do_not_crash_it(
     cpu_server_ik: EmbeddedServer, settings: Settings, tmp_path: Path
 ) -> None:

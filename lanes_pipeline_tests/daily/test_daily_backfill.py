@@ -1,11 +1,11 @@
-"""Three missed days backfilled through the daemon path, as a user runs it: `dagster-daemon run` on the
-project's instance, then the first two days as an asset backfill (`lanes backfill --assets`: the one the UI's
-Lineage page submits, its runs planned by the assets' dependencies) and the third as a backfill of the
-daily_lanes job (`lanes backfill`, the README's command; the one the UI's Partitions page submits). Both
-complete; every day's assets are materialized; each day's adapter is trained, judged and served in that
-order, each GPU-lane asset's days in order (adapter_evaluation and served_adapter depend on their own day
-before), and each day is judged against the latest version promoted before it; the job backfill's day is one
-run (lora_adapter's replay window mapping notwithstanding).
+"""Missed days backfilled through the daemon path, as a user runs it: `dagster-daemon run` on the project's
+instance, then
+- two days as an asset backfill (`lanes backfill --assets`: the one the UI's Lineage page submits, its runs
+  planned by the assets' dependencies): every day's assets are materialized, each day's adapter is trained,
+  judged and served in that order, each GPU-lane asset's days in order (adapter_evaluation and
+  served_adapter depend on their own day before), and day 2 is judged against day 1's promoted adapter;
+- (slow tier) a day as a backfill of the daily_lanes job (`lanes backfill`, the README's command; the one
+  the UI's Partitions page submits): the day is one run (lora_adapter's replay window notwithstanding).
 
 The instance here is the Postgres variant (dagster.postgres.yaml) on a real local PostgreSQL started for
 this module (lanes_pipeline/deploy/postgres.py): the daemon, the backfill's submission and the run workers all
@@ -23,7 +23,14 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from dagster import AssetKey, DagsterEventType, DagsterInstance, EventLogRecord, EventRecordsFilter
+from dagster import (
+    AssetKey,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRun,
+    EventLogRecord,
+    EventRecordsFilter,
+)
 from dagster_postgres import PostgresRunStorage
 
 from lanes_pipeline.deploy import postgres
@@ -33,7 +40,7 @@ from lanes_pipeline.gpu_lane.resources import REGISTRY_FILE
 from lanes_pipeline.settings import Settings, project_root
 from lanes_pipeline_tests.daily.fixtures import TRAINING, DailyProject, daily_project
 
-DAYS = ("2026-11-01", "2026-11-02", "2026-11-03")  # the sample repository's three commits
+DAYS = ("2026-11-01", "2026-11-02")  # the sample repository's first two commits
 GPU_CHAIN = ("lora_adapter", "adapter_evaluation", "served_adapter")
 EVERY_DAY = (
     "repo_snapshot",
@@ -176,8 +183,24 @@ def _lanes_backfill(
     return result.stdout
 
 
-@pytest.mark.timeout(2400)  # three days of work through the daemon on 2 shared cores
-def test_backfills_of_three_missed_days_run_them_in_day_order(
+def _day_runs(instance: DagsterInstance) -> tuple[dict[str, dict[str, float]], list[DagsterRun]]:
+    done = {asset: _materializations(instance, asset) for asset in EVERY_DAY}
+    records = sorted(instance.get_run_records(), key=lambda record: record.create_timestamp)
+    return done, [record.dagster_run for record in records]
+
+
+def _runs_are_rows_of_postgres(server: postgres.PostgresServer, runs: list[DagsterRun]) -> None:
+    connection = psycopg2.connect(**_connection(server))
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT run_id FROM runs")
+            assert sorted(row[0] for row in cursor.fetchall()) == sorted(run.run_id for run in runs)
+    finally:
+        connection.close()
+
+
+@pytest.mark.timeout(2400)  # two days of work through the daemon on 2 shared cores
+def test_an_asset_backfill_of_two_missed_days_judges_each_day_against_the_one_before(
     project: DailyProject,
     daemon: subprocess.Popen[bytes],
     monkeypatch: pytest.MonkeyPatch,
@@ -185,51 +208,55 @@ def test_backfills_of_three_missed_days_run_them_in_day_order(
 ) -> None:
     started = time.monotonic()
     output = _lanes_backfill(project, daemon, DAYS[0], DAYS[1], "--assets")
-    output += _lanes_backfill(project, daemon, DAYS[2], DAYS[2])
 
     monkeypatch.setenv("DAGSTER_HOME", str(project.dagster_home))
     with DagsterInstance.get() as instance:
         assert isinstance(instance.run_storage, PostgresRunStorage)
-        done = {asset: _materializations(instance, asset) for asset in EVERY_DAY}
-        made_by = {asset: _materializing_runs(instance, asset) for asset in EVERY_DAY}
-        by_assets, of_job = sorted(instance.get_backfills(), key=lambda backfill: backfill.backfill_timestamp)
-        records = sorted(instance.get_run_records(), key=lambda record: record.create_timestamp)
-    runs = [record.dagster_run for record in records]
-    for asset, days in done.items():
-        assert set(days) == set(DAYS), f"{asset}: materialized for {sorted(days)}"
+        done, runs = _day_runs(instance)
+        [backfill] = instance.get_backfills()
+    days = DAYS[:2]
+    for asset, materialized in done.items():
+        assert set(materialized) == set(days), f"{asset}: materialized for {sorted(materialized)}"
     # Within a day: trained, judged, served. Across days: each asset's days in order.
-    for day in DAYS:
+    for day in days:
         assert [done[a][day] for a in GPU_CHAIN] == sorted(done[a][day] for a in GPU_CHAIN), day
     for asset in GPU_CHAIN:
-        assert [done[asset][day] for day in DAYS] == sorted(done[asset][day] for day in DAYS), asset
-    # Each day judged against the version the days before it left to beat: the latest one promoted.
+        assert [done[asset][day] for day in days] == sorted(done[asset][day] for day in days), asset
+    # Day 2 judged against what day 1 left to beat: day 1's adapter, promoted (margin 0) and served.
     registry = AdapterRegistry(project.data_dir / "adapters" / REGISTRY_FILE)
     judged = {v.day.isoformat(): v for v in registry.versions() if v.evaluation.get("decision")}
-    assert set(judged) == set(DAYS), sorted(judged)
-    promoted = [v.name for day, v in sorted(judged.items()) if v.evaluation["decision"]["promote"]]
-    assert promoted, "no day was promoted: the order of the judgements is not shown"
-    for day in DAYS:
-        earlier = [
-            v.name for d, v in sorted(judged.items()) if d < day and v.evaluation["decision"]["promote"]
-        ]
-        assert judged[day].evaluation["current"] == (earlier[-1] if earlier else None), day
-    assert by_assets.is_asset_backfill and not of_job.is_asset_backfill
-    assert by_assets.status.value == of_job.status.value == "COMPLETED_SUCCESS"
-    backfill_of = {run.run_id: run.tags.get("dagster/backfill") for run in runs}
-    assert set(backfill_of.values()) == {by_assets.backfill_id, of_job.backfill_id}
-    # The job backfill's day is one run of the whole job: the GPU chain is not split off by lora_adapter's
-    # window mapping.
-    [day_run] = [run for run in runs if backfill_of[run.run_id] == of_job.backfill_id]
-    assert day_run.job_name == "daily_lanes" and day_run.tags["dagster/partition"] == DAYS[2]
-    for asset, runs_by_day in made_by.items():
-        assert runs_by_day[DAYS[2]] == day_run.run_id, f"{asset}: materialized in {runs_by_day}"
-    # The runs are rows of the Postgres database (no SQLite file took them).
-    connection = psycopg2.connect(**_connection(pg_server))
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT run_id FROM runs")
-            assert sorted(row[0] for row in cursor.fetchall()) == sorted(run.run_id for run in runs)
-    finally:
-        connection.close()
+    assert set(judged) == set(days), sorted(judged)
+    first, second = (judged[day] for day in days)
+    assert first.evaluation["current"] is None and first.evaluation["decision"]["promote"], first.evaluation
+    assert second.evaluation["current"] == first.name, second.evaluation
+    assert backfill.is_asset_backfill and backfill.status.value == "COMPLETED_SUCCESS"
+    assert {run.tags.get("dagster/backfill") for run in runs} == {backfill.backfill_id}
+    _runs_are_rows_of_postgres(pg_server, runs)  # no SQLite file took them
     took = time.monotonic() - started
-    print(f"backfills of {len(DAYS)} days in {took:.0f} s, {len(runs)} runs:\n{output}")
+    print(f"asset backfill of {len(days)} days in {took:.0f} s, {len(runs)} runs:\n{output}")
+
+
+@pytest.mark.slow  # the README's job backfill through the daemon; the asset backfill above shows the order
+@pytest.mark.timeout(1800)
+def test_the_readmes_job_backfill_runs_a_missed_day_as_one_run_of_the_daily_job(
+    project: DailyProject,
+    daemon: subprocess.Popen[bytes],
+    monkeypatch: pytest.MonkeyPatch,
+    pg_server: postgres.PostgresServer,
+) -> None:
+    day = DAYS[0]
+    output = _lanes_backfill(project, daemon, day, day)
+    monkeypatch.setenv("DAGSTER_HOME", str(project.dagster_home))
+    with DagsterInstance.get() as instance:
+        done, runs = _day_runs(instance)
+        [backfill] = instance.get_backfills()
+        made_by = {asset: _materializing_runs(instance, asset) for asset in EVERY_DAY}
+    assert not backfill.is_asset_backfill and backfill.status.value == "COMPLETED_SUCCESS", output
+    # The day is one run of the whole job: the GPU chain is not split off by lora_adapter's window mapping.
+    [day_run] = runs
+    assert day_run.job_name == "daily_lanes" and day_run.tags["dagster/partition"] == day
+    assert day_run.tags.get("dagster/backfill") == backfill.backfill_id
+    for asset, runs_by_day in made_by.items():
+        assert runs_by_day == {day: day_run.run_id}, f"{asset}: materialized in {runs_by_day}"
+    assert [done[a][day] for a in GPU_CHAIN] == sorted(done[a][day] for a in GPU_CHAIN)
+    _runs_are_rows_of_postgres(pg_server, runs)

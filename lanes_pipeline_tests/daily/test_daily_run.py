@@ -37,6 +37,7 @@ def _row(output: str, asset: str) -> list[str]:
     return re.split(r"\s{2,}", line.strip())
 
 
+@pytest.mark.slow  # the README's command as a user runs it; its promises have fast tests of their own
 @pytest.mark.timeout(2400)  # a whole day, twice, on 2 shared cores
 def test_make_run_is_the_whole_day_and_a_rerun_asks_nothing(
     cpu_server: EmbeddedServer,

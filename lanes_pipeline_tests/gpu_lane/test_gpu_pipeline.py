@@ -277,6 +277,7 @@ def _sensor(pipeline: Pipeline) -> Any:
         return gpu_lane_adapters_sensor(context)
 
 
+@pytest.mark.slow  # vLLM taken down and started twice: a fault drill
 def test_down_disabled_and_restarted_vllm(
     pipeline: Pipeline, gpu_server: EmbeddedServer, settings: Settings
 ) -> None:
