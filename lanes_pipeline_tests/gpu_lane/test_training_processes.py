@@ -99,7 +99,12 @@ def test_two_cpu_processes_take_the_same_steps_as_one(runs: Runs) -> None:
     one_weights = load_file(runs.single_dir / "adapter_model.safetensors")
     two_weights = load_file(runs.two_dir / "adapter_model.safetensors")
     assert one_weights.keys() == two_weights.keys()
-    assert max(float((one_weights[k] - two_weights[k]).abs().max()) for k in one_weights) < 1e-4
+    # Each tensor the same up to float summation order, judged by its norm: Adam's normalised step turns a
+    # gradient that is zero but for rounding into a whole step (lr) of either sign, so a single element may
+    # differ by about lr (1.5e-3 seen for one of 50k) while no tensor does (0.09% of its norm at most, seen).
+    # A process that trained on half the rows, or skipped the all-reduce, moves lora_B by tens of percent.
+    drift = {k: float((one_weights[k] - two_weights[k]).norm() / one_weights[k].norm()) for k in one_weights}
+    assert max(drift.values()) < 1e-2, sorted(drift.items(), key=lambda item: -item[1])[:3]
     # Written once, atomically, by the main process: the version folder and nothing half-written beside it.
     assert sorted(p.name for p in runs.two_dir.parent.iterdir()) == [runs.two_dir.name]
     written = json.loads((runs.two_dir / TRAINING_SUMMARY).read_text())
