@@ -58,6 +58,7 @@ class TierRun(BaseModel):
     failed: int
     errors: int
     skipped: int
+    failures: list[str]  # node ids of the tests that failed or erred
     slowest: list[TestTime]
 
 
@@ -108,6 +109,7 @@ def read_junit(path: Path, tier: Tier, exit_code: int, slowest: int = SLOWEST) -
         failed=counts["failed"],
         errors=counts["error"],
         skipped=sum(t.outcome == "skipped" for t in times),
+        failures=[t.test for t in times if t.outcome in ("failed", "error")],
         slowest=sorted(times, key=lambda t: t.seconds, reverse=True)[:slowest],
     )
 
@@ -155,6 +157,7 @@ def markdown(out: dict[str, Any]) -> str:
         f"{out['cold_make_test_s']:.0f} s "
         f"(target {COLD_MAKE_TEST_TARGET_S:.0f} s) plus the `.venv`, a cold `make test-all` about "
         f"{out['cold_test_all_s']:.0f} s (CI's limit {CI_LIMIT_S:.0f} s).",
+        *(f"- Failed in the {run.tier} tier: `{test}`" for run in (fast, slow) for test in run.failures),
         "",
         "Slowest tests, by tier (setup and teardown included):",
         "",

@@ -51,6 +51,7 @@ def test_counts_time_and_slowest_tests_come_from_the_report(junit: Path) -> None
     assert len(run.slowest) == 2
     every = {t.test: t.outcome for t in read_junit(junit, "slow", exit_code=1).slowest}
     assert every["test_sample.py::test_broken"] == "failed"
+    assert run.failures == ["test_sample.py::test_broken"]
     assert every["test_sample.py::TestGroup::test_in_class[1]"] == "passed"
 
 
@@ -63,6 +64,7 @@ def test_keys_say_whether_the_targets_are_met_and_whether_all_passed(junit: Path
     assert out["all_tiers_test_s"] == 2 * clean.test_s
     assert not summary(600.0, clean, failing)["all_passed"]
     assert '| fast | `-m "not slow"` | 5 |' in markdown(out)
+    assert "- Failed in the fast tier: `test_sample.py::test_broken`" in markdown(out)
 
 
 def test_a_missing_report_names_the_tier_and_its_exit_code(tmp_path: Path) -> None:
