@@ -73,7 +73,11 @@ class HostileAnswer(BaseModel):
     text: str = Field(min_length=1)
     markers: tuple[str, ...] = Field(min_length=1)
     symbol: str | None = None  # "path::name": only this symbol's requests get it
-    control: bool = False  # harmless: its markers must reach the dataset, not stay out of it
+
+    @property
+    def control(self) -> bool:
+        """A harmless answer: its markers must reach the dataset, not stay out of it."""
+        return self.category == "control"
 
 
 def _entry(
