@@ -8,7 +8,7 @@ instance, then
   the UI's Partitions page submits): the day is one run (lora_adapter's replay window notwithstanding).
 
 The instance here is the Postgres variant (dagster.postgres.yaml) on a real local PostgreSQL started for
-this module (lanes_pipeline/deploy/postgres.py): the daemon, the backfill's submission and the run workers all
+each test (lanes_pipeline/deploy/postgres.py): the daemon, the backfill's submission and the run workers all
 share it; the other daily tests keep the SQLite instance of dagster.yaml."""
 
 from __future__ import annotations
@@ -81,9 +81,10 @@ def daemon(project: DailyProject) -> Iterator[subprocess.Popen[bytes]]:
         log.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def pg_server() -> Iterator[postgres.PostgresServer]:
-    """A real PostgreSQL in a scratch folder on a free port, stopped (no process left) after the module."""
+    """A real PostgreSQL in a scratch folder on a free port, one per test (each reads back only its own
+    runs and backfills), stopped with no process left."""
     with postgres.temporary_server() as server:
         yield server
 
