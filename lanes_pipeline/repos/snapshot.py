@@ -200,21 +200,28 @@ def ignored_paths(paths: Iterable[str], gitignores: Mapping[str, str]) -> set[st
     return ignored
 
 
+# Why a blob's text is left out (None: it is not), by blob: the same content is judged once a snapshot.
+ContentReasons = dict[str, tuple[LeftOutReason | None, str]]
+
+
 def select_files(
     entries: Sequence[TreeEntry],
     rules: SelectionRules,
     read: Mapping[str, bytes],
     gitignores: Mapping[str, str],
+    judged: ContentReasons | None = None,
 ) -> tuple[list[FileEntry], list[LeftOut], int]:
     """Split a tree into files the CPU lane works on, files left out (with the reason), and a count of
-    files outside include/exclude. `read` holds the content of every included blob that is not too large."""
+    files outside include/exclude. `read` holds the content of every included blob that is not too large;
+    `judged` remembers the content checks by blob (the previous day's tree shares most of today's)."""
+    judged = {} if judged is None else judged
     include, exclude = path_spec(rules.include), path_spec(rules.exclude)
     included = [e for e in entries if include.match_file(e.path) and not exclude.match_file(e.path)]
     ignored = ignored_paths((e.path for e in included), gitignores)
     files: list[FileEntry] = []
     left_out: list[LeftOut] = []
     for entry in sorted(included, key=lambda e: e.path):
-        reason, detail = _left_out_reason(entry, rules, read.get(entry.blob), entry.path in ignored)
+        reason, detail = _left_out_reason(entry, rules, read.get(entry.blob), entry.path in ignored, judged)
         if reason is not None:
             left_out.append(LeftOut(path=entry.path, reason=reason, detail=detail))
         else:
@@ -225,7 +232,7 @@ def select_files(
 
 
 def _left_out_reason(
-    entry: TreeEntry, rules: SelectionRules, data: bytes | None, ignored: bool
+    entry: TreeEntry, rules: SelectionRules, data: bytes | None, ignored: bool, judged: ContentReasons
 ) -> tuple[LeftOutReason | None, str]:
     if entry.mode == "120000":  # a symbolic link: its target could point anywhere, even outside the repo
         return "binary", "symbolic link"
@@ -237,6 +244,12 @@ def _left_out_reason(
         return "too_large", f"{entry.size} bytes > {rules.max_file_bytes}"
     if data is None or is_binary(data):
         return "binary", "contains NUL bytes"
+    if entry.blob not in judged:
+        judged[entry.blob] = _content_reason(data)
+    return judged[entry.blob]
+
+
+def _content_reason(data: bytes) -> tuple[LeftOutReason | None, str]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -354,7 +367,7 @@ def _gitignores(repo: Path, entries: Sequence[TreeEntry]) -> dict[str, str]:
 
 
 def selected_files(
-    repo: Path, commit: str, rules: SelectionRules
+    repo: Path, commit: str, rules: SelectionRules, judged: ContentReasons | None = None
 ) -> tuple[list[FileEntry], list[LeftOut], int, dict[str, bytes]]:
     entries = ls_tree(repo, commit)
     include, exclude = path_spec(rules.include), path_spec(rules.exclude)
@@ -366,7 +379,7 @@ def selected_files(
         and (e.size <= rules.max_file_bytes or is_python(e.path))
     ]
     contents = read_blobs(repo, readable)
-    files, left_out, not_included = select_files(entries, rules, contents, _gitignores(repo, entries))
+    files, left_out, not_included = select_files(entries, rules, contents, _gitignores(repo, entries), judged)
     return files, left_out, not_included, contents
 
 
@@ -377,11 +390,12 @@ def take_snapshot(
     commit = commit_as_of(repo, branch, end_of_day(day, timezone))
     if commit is None:
         return Snapshot(repo=repo_name, day=day, branch=branch, commit=None)
-    files, left_out, not_included, contents = selected_files(repo, commit, rules)
+    judged: ContentReasons = {}  # the secret scan is the slow check: each blob once for both days
+    files, left_out, not_included, contents = selected_files(repo, commit, rules, judged)
     previous = commit_as_of(repo, branch, end_of_day(day - timedelta(days=1), timezone))
     previous_blobs: dict[str, str] = {}
     if previous is not None:
-        previous_blobs = {f.path: f.blob for f in selected_files(repo, previous, rules)[0]}
+        previous_blobs = {f.path: f.blob for f in selected_files(repo, previous, rules, judged)[0]}
     changed, deleted = changed_paths(previous_blobs, files)
     outlines = [
         python_outline(f.path, contents[f.blob].decode("utf-8")) for f in files if f.language == "python"
