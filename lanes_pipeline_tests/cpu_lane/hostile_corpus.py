@@ -33,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanes_pipeline_tests.cpu_lane.hostile_corpus_code import DIFFS, DOCSTRINGS
+from lanes_pipeline_tests.cpu_lane.hostile_corpus_code import DIFFS, DOCSTRINGS, MATH
 
 Stage = Literal["analysis", "test", "diff", "docstring"]
 Category = Literal[
@@ -354,7 +354,6 @@ ANALYSES: tuple[tuple[str, Category, str, tuple[str, ...]], ...] = (
 
 
 # -- the harmless controls, one per stage ------------------------------------------------------------------
-MATH = "mathbits.py"
 CONTROLS: tuple[HostileAnswer, ...] = (
     HostileAnswer(
         name="c_analysis",

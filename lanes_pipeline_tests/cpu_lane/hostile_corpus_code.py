@@ -10,7 +10,7 @@ from typing import Any
 from lanes_pipeline_tests.cpu_lane.hostile_corpus_diffs import DIFFS
 
 MATH = "mathbits.py"
-__all__ = ["DIFFS", "DOCSTRINGS"]
+__all__ = ["DIFFS", "DOCSTRINGS", "MATH"]
 CANARY = "/tmp/lanes_hostile_canary"
 QUOTES = '"""'
 Row = tuple[str | None, tuple[str, Any, str, tuple[str, ...]]]
