@@ -87,6 +87,20 @@ IK_DEFAULTS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
 )
 
 
+# HTTP handler threads beyond one per slot: the pollers (bandwidth governor, Prometheus, the observatory),
+# health checks and slot actions. Both servers default to max(slots + 2, cores - 1): on 2 cores that is 4,
+# and ik never frees the handler of a slot save or restore that fails (it waits for a result of the kind
+# it is not sent), so two failed restores left a 2-slot server running one completion at a time beside a
+# poller. The spare handlers keep a few such losses from taking a slot away.
+SPARE_HTTP_THREADS = 8
+
+
+def http_threads(parallel: int) -> int:
+    """llama-server --threads-http: a handler per slot and the spares, never fewer than the server's own
+    default on a machine with many cores."""
+    return max(parallel + SPARE_HTTP_THREADS, (os.cpu_count() or 1) - 1)
+
+
 def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
     """The embedded CPU lane's llama-server (the configured engine) with the lane's settings, then
     `embedded.extra_args` as given: a flag the server does not know stops it at start with its own message."""
@@ -116,6 +130,8 @@ def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
         # the layout's limit on each); with slot files the batch copies that slot into the others
         # (cpu_lane/batching/slot_copy.py). ik joins this path and the file name as given: hence the slash.
         argv += ["--slot-save-path", f"{_slot_dir(data, port)}/"]
+    if "--threads-http" not in given:
+        argv += ["--threads-http", str(http_threads(embedded.parallel))]
     for flags, default in IK_DEFAULTS if embedded.engine == "ik_llama" else ():
         if not given.intersection(flags):
             argv += default

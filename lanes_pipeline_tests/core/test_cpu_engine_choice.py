@@ -91,6 +91,24 @@ def test_both_engines_keep_slot_files_in_the_data_folder_unless_the_user_sets_th
     assert argv.count("--slot-save-path") == 1 and argv[-2:] == own
 
 
+def test_both_engines_get_spare_http_handlers_unless_the_user_sets_them(
+    fake_engines: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler per slot and 8 spare (ik never frees the handler of a failed slot restore), never fewer
+    than the servers' own default of cores - 1."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    for engine in ("ik_llama", "llama_cpp"):
+        lane = CpuLane(embedded=EmbeddedCpuServer(engine=engine, parallel=3))
+        argv = llama_server_command(lane, tmp_path, 9005).argv
+        assert argv[argv.index("--threads-http") + 1] == "11"
+    monkeypatch.setattr("os.cpu_count", lambda: 32)
+    argv = llama_server_command(CpuLane(), tmp_path, 9006).argv
+    assert argv[argv.index("--threads-http") + 1] == "31"
+    own = ["--threads-http", "4"]
+    argv = llama_server_command(CpuLane(embedded=EmbeddedCpuServer(extra_args=own)), tmp_path, 9007).argv
+    assert argv.count("--threads-http") == 1 and argv[-2:] == own
+
+
 def test_the_api_key_reaches_ik_through_a_private_file_and_upstream_through_its_environment(
     fake_engines: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
@@ -24,6 +25,7 @@ from lanes_pipeline.errors import EmbeddedStartError
 from lanes_pipeline.settings import EmbeddedCpuServer, Settings
 from lanes_pipeline_tests.conftest import settings_with_cpu_engine
 from lanes_pipeline_tests.cpu_lane.fixtures import (
+    MetricsSampler,
     batch_config,
     private_cpu_server,
     questions,
@@ -158,6 +160,45 @@ def test_long_prompts_in_both_ik_slots_at_once_do_not_crash_it(
         cpu_server_ik.url, tmp_path / "d.sqlite3", batch_config(settings), questions(2, offset=60)
     )
     assert after.summary.answered == 2
+
+
+def fail_restores(url: str, count: int) -> None:
+    """Restores of a file that does not exist: ik answers none of them (the client gives up after 2 s)."""
+    with httpx.Client(base_url=url, timeout=2.0) as http:
+        for slot in range(count):
+            with pytest.raises(httpx.ReadTimeout):  # ik's bug: the handler waits for a result never sent
+                http.post(f"/slots/{slot}", params={"action": "restore"}, json={"filename": "absent.bin"})
+
+
+def peak_processing(url: str, settings: Settings, tmp_path: Path) -> float:
+    """llama-server's own peak of requests processing during a batch of 6 short questions on
+    its 2 slots, a /metrics poller running beside it."""
+    requests = questions(6, max_tokens=48, offset=80)
+    cache = tmp_path / f"{url.rsplit(':', 1)[1]}.sqlite3"
+    with MetricsSampler(url, interval_s=0.02) as sampler:
+        result = run_batch(url, cache, batch_config(settings), requests)
+    assert result.summary.answered == 6 and sampler.samples > 0
+    return sampler.max_processing
+
+
+@pytest.mark.usefixtures("cpu_engine")
+def test_failed_slot_restores_do_not_take_a_slot_from_the_embedded_ik_server(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """ik never frees the HTTP handler of a slot restore that fails; on 2 cores its default of 4 handlers
+    then ran one completion at a time beside a poller. The embedded server keeps spare handlers."""
+    ik = settings_with_cpu_engine(settings, "ik_llama")
+    with private_cpu_server(ik) as server:
+        assert "--threads-http" in server.command.argv
+        fail_restores(server.url, 2)
+        assert peak_processing(server.url, ik, tmp_path) == 2
+        server.kill()  # ik's shutdown waits for the lost handlers through the whole stop grace
+    # The check's teeth: the 4 handlers ik gives itself on 2 cores (max(slots + 2, cores - 1)), two lost.
+    starved = settings_with_cpu_lane(ik, embedded=EmbeddedCpuServer(extra_args=["--threads-http", "4"]))
+    with private_cpu_server(starved) as server:
+        fail_restores(server.url, 2)
+        assert peak_processing(server.url, starved, tmp_path) == 1
+        server.kill()
 
 
 @pytest.mark.usefixtures("cpu_engine")
