@@ -16,6 +16,7 @@ from lanes_pipeline.dataset.held_out import HeldOutDay, cpu_test_path
 from lanes_pipeline.dataset.holdout import HeldOutFunction, body_request
 from lanes_pipeline.gpu_lane.code_tasks import CodeTask, TaskOutcome, extract_code
 from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest_outcomes
+from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.settings import SandboxLimits
 
 
@@ -34,7 +35,7 @@ def replacement(answer: str, name: str) -> str | None:
     """The answer's `def name` with the imports it wrote, as module-level source; None without one."""
     code = extract_code(answer)
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except SyntaxError:
         return None
     found = next(

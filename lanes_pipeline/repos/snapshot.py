@@ -23,6 +23,7 @@ from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.git import TreeEntry, commit_as_of, commit_time, ls_tree, read_blobs
+from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.sandbox.safety import committed_secrets, injection_markers
 
 # ---------------------------------------------------------------------------------------------------------
@@ -293,7 +294,7 @@ def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
 def python_outline(path: str, source: str) -> ModuleOutline:
     """Top-level functions and classes (with their methods) of a module, from Python's own parser."""
     try:
-        tree = ast.parse(source, filename=path)
+        tree = parse_python(source, filename=path)
     except (SyntaxError, ValueError) as exc:
         return ModuleOutline(path=path, module=module_name(path), error=f"unparseable: {exc}")
     functions: list[str] = []

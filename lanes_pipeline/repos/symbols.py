@@ -24,6 +24,7 @@ from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.repos.snapshot import module_name
+from lanes_pipeline.sandbox.python_source import parse_python
 
 SymbolKind = Literal["function", "class", "method"]
 MAX_CALLEES = 8  # a symbol's context shows at most this many callee stubs (first called first)
@@ -107,7 +108,7 @@ def parse_symbol(symbol: Symbol) -> ParsedSymbol:
     """
     indent, source = unindent(symbol.source)
     try:
-        tree = ast.parse(source, filename=symbol.path)
+        tree = parse_python(source, filename=symbol.path)
     except (SyntaxError, ValueError) as exc:
         where = f" line {exc.lineno}" if isinstance(exc, SyntaxError) else ""
         raise SymbolSourceError(
@@ -343,7 +344,7 @@ class _Resolver:
 def test_functions(path: str, source: str) -> list[tuple[str, ast.FunctionDef]]:
     """The top-level `test*` functions of a test file, with its path; none if it does not parse."""
     try:
-        tree = ast.parse(source, filename=path)
+        tree = parse_python(source, filename=path)
     except (SyntaxError, ValueError):
         return []
     return [(path, n) for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
@@ -368,7 +369,7 @@ def memo_key(kind: str, module: str, name: str, source: str, context: Sequence[s
 def parse_error(path: str, source: str) -> str | None:
     """Why Python cannot parse the file (None: it can)."""
     try:
-        ast.parse(source, filename=path)
+        parse_python(source, filename=path)
     except SyntaxError as exc:
         return f"SyntaxError line {exc.lineno}: {exc.msg}"
     except ValueError as exc:  # e.g. NUL bytes
@@ -384,7 +385,7 @@ def extract_symbols(
     error = parse_error(path, source)
     if error is not None:
         return SymbolScan(path=path, module=module, error=error)
-    tree = ast.parse(source, filename=path)
+    tree = parse_python(source, filename=path)
     lines = _lines(source)
     imports = _import_lines(tree, lines)
     resolver = _Resolver(tree, module, path, repo)
@@ -433,7 +434,7 @@ def index_repo(sources: Mapping[str, str]) -> RepoSymbols:
         if parse_error(path, source) is not None:
             continue
         module = module_name(path)
-        tree = ast.parse(source, filename=path)
+        tree = parse_python(source, filename=path)
         stubs[module] = {n.name: stub(n, module) for n in tree.body if isinstance(n, _Def)}
     return RepoSymbols(stubs=stubs)
 
@@ -467,7 +468,7 @@ def reference_counts(sources: Mapping[str, str], symbols: Iterable[Symbol]) -> d
     for path, source in sources.items():
         if parse_error(path, source) is not None:
             continue
-        for node in ast.walk(ast.parse(source, filename=path)):
+        for node in ast.walk(parse_python(source, filename=path)):
             if isinstance(node, ast.Name):
                 seen[node.id] += 1
             elif isinstance(node, ast.Attribute):

@@ -16,6 +16,8 @@ import re
 from collections import Counter
 from pathlib import PurePosixPath
 
+from lanes_pipeline.sandbox.python_source import parse_python
+
 # Phrases addressed to a model rather than to a human reader. Kept narrow: a false positive quarantines a
 # file (it is listed, with the phrase, in the snapshot's left-out files), a false negative is caught by the
 # sandbox and the dataset scrub downstream.
@@ -148,11 +150,11 @@ def unsafe_code_added(before: str, after: str) -> list[str]:
     can fail quietly (`os.system` returns a status) and every test still passes: it must never be accepted
     as training data. An `after` that does not parse adds nothing here (its tests fail)."""
     try:
-        new = Counter(_unsafe_nodes(ast.parse(after)))
+        new = Counter(_unsafe_nodes(parse_python(after)))
     except SyntaxError:
         return []
     try:
-        old = Counter(_unsafe_nodes(ast.parse(before)))
+        old = Counter(_unsafe_nodes(parse_python(before)))
     except SyntaxError:
         old = Counter()
     return sorted((new - old).keys())

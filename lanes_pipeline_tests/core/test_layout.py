@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.settings import project_root
 
 PACKAGE = project_root() / "lanes_pipeline"
@@ -47,7 +48,7 @@ def imports_between_parts(package: Path = PACKAGE) -> dict[tuple[str, str], set[
     for path in package.rglob("*.py"):
         relative = path.relative_to(package.parent)
         source = relative.parts[1].removesuffix(".py")
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse_python(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
             elif isinstance(node, ast.Import):

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.repos.symbols import Symbol, statement_start, unindent
+from lanes_pipeline.sandbox.python_source import parse_python
 
 
 class DocstringError(ValueError):
@@ -59,7 +60,7 @@ def _has_docstring(node: Definition) -> bool:
 def set_docstring(source: str, name: str, literal: str | None) -> str:
     """`source` with the docstring of `name` (`f`, `C`, `C.m`) replaced by `literal` (added when it has
     none; removed when `literal` is None). Only the docstring's lines change."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     node = find_node(tree, name)
     lines = source.splitlines(keepends=True)
     first = node.body[0]
@@ -99,14 +100,14 @@ def unified_diff(path: str, before: str, after: str) -> str:
 def document(symbol: Symbol, file_source: str, literal: str) -> Documented:
     """The docstring written into the symbol's file, checked by reading it back with Python."""
     new_source = set_docstring(file_source, symbol.name, literal)
-    node = find_node(ast.parse(new_source, filename=symbol.path), symbol.name)
+    node = find_node(parse_python(new_source, filename=symbol.path), symbol.name)
     value = ast.get_docstring(node)
     expected = inspect.cleandoc(ast.literal_eval(literal))
     if value != expected:
         raise DocstringError(f"{symbol.name}: the docstring does not read back as written")
     delta = len(new_source.splitlines()) - len(file_source.splitlines())
     lines = new_source.splitlines(keepends=True)
-    start = find_node(ast.parse(file_source), symbol.name)
+    start = find_node(parse_python(file_source), symbol.name)
     first = min([start.lineno, *(d.lineno for d in start.decorator_list)])
     last = (start.end_lineno or start.lineno) + delta
     own = unindent("".join(lines[first - 1 : last]))[1]

@@ -35,6 +35,7 @@ from lanes_pipeline.cpu_lane.jobs.verified_sampling import DEFAULT_TEMPERATURE, 
 from lanes_pipeline.dataset.writer import Candidate
 from lanes_pipeline.http import ChatMessage
 from lanes_pipeline.repos.symbols import Symbol, definition, parse_symbol
+from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.sandbox.safety import unsafe_calls
 
 if TYPE_CHECKING:
@@ -384,7 +385,7 @@ def unsafe_examples(docstring: str) -> list[str]:
     found: list[str] = []
     for example in doctest.DocTestParser().get_examples(docstring):
         try:
-            tree = ast.parse(example.source)
+            tree = parse_python(example.source)
         except SyntaxError:
             continue  # it cannot run at all: doctest reports it as a failure
         found += [u for u in unsafe_calls(tree) if u not in found]

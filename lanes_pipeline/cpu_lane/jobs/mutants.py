@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from lanes_pipeline.config.base import Frozen
+from lanes_pipeline.sandbox.python_source import parse_python
 
 MutantKind = Literal["raise_not_implemented", "return_none"]
 REPLACEMENTS: dict[MutantKind, str] = {
@@ -128,7 +129,7 @@ def _apply(lines: Sequence[str], edits: Sequence[_Edit]) -> str:
 def mutate(source: str, target: str, kind: MutantKind) -> Mutant:
     """One mutant of `target` (`function`, `Class` or `Class.method`) in the module `source`."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError as exc:
         raise MutationError(f"the module does not parse: line {exc.lineno}: {exc.msg}") from exc
     node = _find(tree, target)
@@ -137,7 +138,7 @@ def mutate(source: str, target: str, kind: MutantKind) -> Mutant:
     edits = [_body_edit(f, lines, REPLACEMENTS[kind]) for f in functions]
     mutated = _apply(lines, edits)
     try:
-        ast.parse(mutated)
+        parse_python(mutated)
     except SyntaxError as exc:  # a bug here, never the repository's fault: say exactly where
         raise MutationError(f"mutant {kind} of {target!r} does not parse: line {exc.lineno}") from exc
     prefix = f"{target}." if isinstance(node, ast.ClassDef) else ""

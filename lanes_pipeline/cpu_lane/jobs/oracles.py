@@ -35,6 +35,7 @@ from lanes_pipeline.sandbox.isolation import (
     open_sandbox,
     run_pytest,
 )
+from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.settings import SandboxLimits
 
 MAX_CALLS = 16
@@ -111,7 +112,7 @@ def _embedded(text: str, head: str) -> list[ast.stmt]:
             if text[end - 1] != ")":
                 continue
             try:
-                found.append(ast.parse(text[start:end].strip()).body[0])
+                found.append(parse_python(text[start:end].strip()).body[0])
                 break
             except (SyntaxError, IndexError):
                 continue
@@ -121,7 +122,7 @@ def _embedded(text: str, head: str) -> list[ast.stmt]:
 def _statements(chunk: str, head: str) -> list[tuple[int, ast.stmt | None, str]]:
     """(line, statement or None, text) of a chunk: parsed whole, else line by line (prose around code)."""
     try:
-        return [(s.lineno, s, "") for s in _flatten(ast.parse(chunk).body)]
+        return [(s.lineno, s, "") for s in _flatten(parse_python(chunk).body)]
     except SyntaxError:
         pass
     found: list[tuple[int, ast.stmt | None, str]] = []
@@ -130,7 +131,7 @@ def _statements(chunk: str, head: str) -> list[tuple[int, ast.stmt | None, str]]
         if not text or text.startswith("#"):
             continue
         try:
-            found += [(number, s, "") for s in ast.parse(text).body]
+            found += [(number, s, "") for s in parse_python(text).body]
         except SyntaxError:
             embedded = _embedded(text, head)
             found += [(number, s, "") for s in embedded]

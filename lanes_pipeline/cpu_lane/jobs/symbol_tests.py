@@ -60,6 +60,7 @@ from lanes_pipeline.sandbox.isolation import (
     open_sandbox,
     run_pytest,
 )
+from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.settings import SandboxLimits
 
 TestStyle = Literal["oracle", "assertions"]
@@ -177,7 +178,7 @@ def repo_test_example(test_sources: Mapping[str, str], symbol: Symbol) -> str | 
     wanted = symbol.name.rsplit(".", 1)[-1]
     path, node = next((c for c in candidates if wanted in names_in(c[1])), candidates[0])
     source = test_sources[path]
-    tree = ast.parse(source, filename=path)
+    tree = parse_python(source, filename=path)
     imports = [ast.get_source_segment(source, n) or "" for n in tree.body if isinstance(n, ast.ImportFrom)]
     text = "\n".join([*imports, "", "", ast.get_source_segment(source, node) or ""]).strip()
     if len(text) > MAX_EXAMPLE_CHARS:

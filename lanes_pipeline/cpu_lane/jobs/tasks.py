@@ -17,6 +17,7 @@ from unidiff import PatchSet, UnidiffParseError
 
 from lanes_pipeline.cpu_lane.jobs.prompts import TaskKind, register
 from lanes_pipeline.repos.symbols import Symbol, SymbolSourceError, definition
+from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.sandbox.safety import injection_markers, safe_repo_path, unsafe_calls
 from lanes_pipeline.settings import CpuAssetsConfig
 
@@ -196,7 +197,7 @@ def static_test_problem(code: str, module: str) -> tuple[TestRejection, str] | N
     processes, sockets, dynamic code), and not be trivial: at least one test function that calls the code
     under test (imported from `module`) and asserts something."""
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except SyntaxError as exc:
         return "syntax_error", f"line {exc.lineno}: {exc.msg}"
     unsafe = unsafe_calls(tree)
