@@ -78,12 +78,13 @@ class SlotState(WireModel):
 
 
 class SlotFileResult(WireModel):
-    """llama-server's answer to a slot save (`n_saved`) or restore (`n_restored`)."""
+    """llama-server's answer to a slot save (`n_saved`), restore (`n_restored`) or erase (`n_erased`)."""
 
     id_slot: int | None = None
     filename: str = ""
     n_saved: int | None = None
     n_restored: int | None = None
+    n_erased: int | None = None
 
 
 class TokenizeResponse(WireModel):
@@ -270,12 +271,19 @@ class CpuClient(OpenAIClient):
         ik a restore that fails is never answered."""
         return self._slot_action(slot, "restore", filename, timeout_s)
 
-    def _slot_action(self, slot: int, action: str, filename: str, timeout_s: float) -> SlotFileResult | None:
+    def erase_slot(self, slot: int, timeout_s: float) -> SlotFileResult | None:
+        """Empty the slot's KV cache (a busy slot is emptied once it is idle); None when the server has no
+        slot actions."""
+        return self._slot_action(slot, "erase", None, timeout_s)
+
+    def _slot_action(
+        self, slot: int, action: str, filename: str | None, timeout_s: float
+    ) -> SlotFileResult | None:
         response = self.request(
             "POST",
             f"/slots/{slot}",
             params={"action": action},
-            json={"filename": filename},
+            json={} if filename is None else {"filename": filename},
             timeout=timeout_s,
             retries=False,  # not idempotent enough to repeat blindly: the caller decides
         )

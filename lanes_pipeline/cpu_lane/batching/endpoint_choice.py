@@ -84,6 +84,7 @@ class EndpointReport(BaseModel):
     reason: str | None = None  # why it went down
     slot_copies: int = 0  # slots a group's prefix was copied into (slot_copy.py)
     slot_copy_off: str | None = None  # why copying stopped on this server, when it did
+    slot_copies_skipped: int = 0  # copies not made: another client's requests ran on the server
 
 
 class AllEndpointsDownError(LaneError):

@@ -118,6 +118,7 @@ class EndpointPool:
     def copied(self, endpoint: LiveEndpoint, copy: SlotCopy) -> None:
         with self._cond:
             endpoint.report.slot_copies += len(copy.restored)
+            endpoint.report.slot_copies_skipped += copy.skipped is not None
             if copy.off_reason is not None:
                 endpoint.report.slot_copy_off = copy.off_reason
 

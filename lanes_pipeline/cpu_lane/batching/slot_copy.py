@@ -12,6 +12,13 @@ prefix of thousands of tokens costs a large model seconds in each slot.
 
 A server without slot files (started without `--slot-save-path`: a user's own server, say) answers 404 (ik)
 or 501 (upstream), and the batch goes on as before.
+
+A restore needs as many free cells in one run of the KV cache as the file holds. When another client's
+request ran beside the leader, their cells interleave, and the target's freed cells leave no such run: the
+restore fails, and ik never answers a failed restore and never frees its HTTP handler (seen: one in eight
+batches run beside another client's long answer). So a copy is made only while nothing else runs on the
+server, and only on a server whose every slot is the batch's; it empties every slot first (the source's
+prefix is in the file), so the files are restored into an empty cache.
 """
 
 from __future__ import annotations
@@ -24,15 +31,19 @@ from lanes_pipeline.errors import LaneError
 
 # A slot file of a large model's long prompt is hundreds of MB; a restore that fails never answers on ik.
 SLOT_FILE_TIMEOUT_S = 60.0
+NOT_EVERY_SLOT = (
+    "the batch uses fewer slots than the server has (cpu_lane.max_slots): a copy would find no sure room"
+)
 NO_SLOT_FILES = "no slot files on this server (start it with --slot-save-path to copy a prefix to every slot)"
 
 
 @dataclass
 class SlotCopy:
-    """What one copy did: the slots that now hold the prefix besides the source, and, when copying should
-    stop for the rest of the batch on this server, why."""
+    """What one copy did: the slots that now hold the prefix besides the source; when this copy was not made,
+    why (`skipped`); when copying should stop for the rest of the batch on this server, why (`off_reason`)."""
 
     restored: list[int] = field(default_factory=list)
+    skipped: str | None = None
     off_reason: str | None = None
 
 
@@ -42,14 +53,29 @@ def slot_file_name(source: int) -> str:
     return f"lanes-prefix-{os.getpid()}-slot{source}.bin"
 
 
+def others_in_flight(client: CpuClient) -> float | None:
+    """Requests the server is processing or holding for a slot (the caller has none there), or None when it
+    cannot say (no /metrics)."""
+    try:
+        counters = client.counters()
+    except (LaneError, ValueError):  # ValueError: /metrics without llama-server's counters
+        return None
+    return counters.requests_running + (counters.requests_waiting or 0.0)
+
+
 def copy_slot(
     client: CpuClient, source: int, targets: list[int], timeout_s: float = SLOT_FILE_TIMEOUT_S
 ) -> SlotCopy:
-    """Save `source` and restore it into each of `targets`, which must be idle (a busy one would make the
-    restore wait for it). Any failure stops the copy and names itself in `off_reason`; what was restored
-    before it stays (a slot holds either its old cache or the whole prefix)."""
+    """Save `source`, empty it and each of `targets` (together every slot of the server, none of them busy
+    with the caller's requests), and restore the file into each, the source first. Made only while the
+    server runs nothing else. Any failure stops the copy and names itself in `off_reason`; what was restored
+    before it stays (a slot holds either nothing or the whole prefix)."""
     filename = slot_file_name(source)
     copy = SlotCopy()
+    busy = others_in_flight(client)
+    if busy:
+        copy.skipped = f"{busy:g} request(s) of another client in flight"
+        return copy
     try:
         saved = client.save_slot(source, filename, timeout_s)
         if saved is None:
@@ -57,12 +83,15 @@ def copy_slot(
             return copy
         if not saved.n_saved:
             return copy  # the slot holds nothing (its request failed early): nothing worth copying
-        for target in targets:
-            restored = client.restore_slot(target, filename, timeout_s)
+        for slot in [source, *targets]:
+            client.erase_slot(slot, timeout_s)
+        for slot in [source, *targets]:
+            restored = client.restore_slot(slot, filename, timeout_s)
             if restored is None:
                 copy.off_reason = NO_SLOT_FILES
                 return copy
-            copy.restored.append(target)
+            if slot != source:
+                copy.restored.append(slot)
     except LaneError as exc:
         copy.off_reason = f"slot copy failed: {exc}"
     return copy

@@ -35,6 +35,7 @@ from lanes_pipeline.cpu_lane.batching.endpoint_choice import (
     choose_endpoint,
 )
 from lanes_pipeline.cpu_lane.batching.endpoint_pool import CpuEndpointClient
+from lanes_pipeline.cpu_lane.batching.slot_copy import NOT_EVERY_SLOT
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource, servers_metadata
 from lanes_pipeline.deploy.instance import pool_limits
 from lanes_pipeline.errors import LaneError
@@ -364,19 +365,27 @@ class SlotFileServer(FakeServer):
     """A FakeServer with slot files; `restore_hangs`: a restore never answers (what ik 0.1.5 does when a
     restore fails, which a real server does only for a file the runner never asks it to restore)."""
 
-    def __init__(self, restore_hangs: bool = False) -> None:
+    def __init__(self, restore_hangs: bool = False, others_in_flight: int = 0, total_slots: int = 2) -> None:
         super().__init__("s")
-        self.restore_hangs = restore_hangs
+        self.restore_hangs, self.total_slots = restore_hangs, total_slots
+        self.others_in_flight = others_in_flight  # another client's requests, as /metrics counts them
         self.events: list[str] = []  # slot actions and completions, in the order the server saw them
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
+        if path == "/metrics":
+            counters = {"requests_processing": self.others_in_flight, "requests_deferred": 0}
+            counters |= {"prompt_tokens_total": 0, "tokens_predicted_total": 0}
+            return httpx.Response(200, text="".join(f"llamacpp:{k} {v}\n" for k, v in counters.items()))
+        if path == "/props":
+            props = {"total_slots": self.total_slots, "n_ctx": 4096, "model_path": self.model_path}
+            return httpx.Response(200, json=props)
         if path.startswith("/slots/"):
             action, slot = request.url.params["action"], int(path.rsplit("/", 1)[1])
             self.events.append(f"{action} {slot}")
             if action == "restore" and self.restore_hangs:
                 raise httpx.ReadTimeout("timed out", request=request)
-            count = "n_saved" if action == "save" else "n_restored"
+            count = {"save": "n_saved", "restore": "n_restored", "erase": "n_erased"}[action]
             return httpx.Response(200, json={"id_slot": slot, "filename": "f", count: 300})
         if path == "/v1/chat/completions":
             body = json.loads(request.content)
@@ -399,9 +408,31 @@ def test_the_first_of_a_group_runs_in_a_pinned_slot_copied_to_the_other_first(tm
     with ResponseCache(tmp_path / "c.sqlite3") as cache:
         result = BatchRunner([_endpoint(server)], cache, CONFIG).run(_group(4))
     assert [r.status for r in result.results] == ["ok"] * 4
-    assert server.events[:3] == ["chat q0 slot 0", "save 0", "restore 1"]
-    assert sorted(server.events[3:]) == ["chat q1 slot None", "chat q2 slot None", "chat q3 slot None"]
+    # Every slot emptied first, so the file is restored into an empty cache (no run of free cells too short)
+    copy = ["save 0", "erase 0", "erase 1", "restore 0", "restore 1"]
+    assert server.events[:6] == ["chat q0 slot 0", *copy]
+    assert sorted(server.events[6:]) == ["chat q1 slot None", "chat q2 slot None", "chat q3 slot None"]
     assert result.endpoints[0].slot_copies == 1 and result.summary.prefix_slot_copies == 1
+
+
+def test_no_copy_is_made_while_another_client_runs_on_the_server(tmp_path: Path) -> None:
+    """Its cells interleave with the leader's and can leave no room for a restore, which ik never answers."""
+    server = SlotFileServer(others_in_flight=1)
+    with ResponseCache(tmp_path / "c.sqlite3") as cache:
+        result = BatchRunner([_endpoint(server)], cache, CONFIG).run(_group(4))
+    assert [r.status for r in result.results] == ["ok"] * 4
+    assert not [e for e in server.events if not e.startswith("chat")]  # no slot action at all
+    (endpoint,) = result.endpoints
+    assert (endpoint.slot_copies, endpoint.slot_copies_skipped, endpoint.slot_copy_off) == (0, 1, None)
+
+
+def test_no_copy_is_made_on_a_server_with_slots_the_batch_does_not_use(tmp_path: Path) -> None:
+    server = SlotFileServer(total_slots=3)  # the batch uses 2: the third slot's cache stays where it is
+    with ResponseCache(tmp_path / "c.sqlite3") as cache:
+        result = BatchRunner([_endpoint(server)], cache, CONFIG).run(_group(4))
+    assert [r.status for r in result.results] == ["ok"] * 4
+    assert not [e for e in server.events if not e.startswith("chat")]
+    assert result.endpoints[0].slot_copy_off == NOT_EVERY_SLOT
 
 
 def test_a_restore_that_never_answers_is_bounded_and_turns_copies_off_for_the_batch(tmp_path: Path) -> None:
@@ -412,5 +443,5 @@ def test_a_restore_that_never_answers_is_bounded_and_turns_copies_off_for_the_ba
     (endpoint,) = result.endpoints
     assert endpoint.slot_copies == 0
     assert endpoint.slot_copy_off is not None and endpoint.slot_copy_off.startswith("slot copy failed: ")
-    assert "POST /slots/1" in endpoint.slot_copy_off  # the request that did not answer, named
+    assert "POST /slots/0" in endpoint.slot_copy_off  # the request that did not answer (the source first)
     assert servers_metadata([result])["cpu_lane/slot_copy_off"] == endpoint.slot_copy_off
