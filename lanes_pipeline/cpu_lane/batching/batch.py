@@ -77,7 +77,7 @@ from lanes_pipeline.cpu_lane.batching.endpoint_pool import (
     open_endpoints,
 )
 from lanes_pipeline.cpu_lane.batching.prefix_order import SendOrder, prefix_groups
-from lanes_pipeline.cpu_lane.batching.slot_copy import NOT_EVERY_SLOT, SlotCopy, copy_slot
+from lanes_pipeline.cpu_lane.batching.slot_copy import copy_slot
 from lanes_pipeline.cpu_lane.batching.slots import CapAdmission, SlotGate
 from lanes_pipeline.errors import (
     AuthenticationError,
@@ -285,10 +285,6 @@ class BatchRunner:
             return
         endpoint, source = pinned
         if not endpoint.copies_slots:
-            return
-        if endpoint.info.total_slots > endpoint.gate.limit:
-            # The slots the batch does not use keep other caches, which can leave no room for a restore.
-            self.pool.copied(endpoint, SlotCopy(off_reason=NOT_EVERY_SLOT))
             return
         with self.pool.alone(endpoint) as alone:
             if not alone:

@@ -28,7 +28,7 @@ from lanes_pipeline.cpu_lane.batching.endpoint_choice import (
     all_down,
     choose_endpoint,
 )
-from lanes_pipeline.cpu_lane.batching.slot_copy import SlotCopy
+from lanes_pipeline.cpu_lane.batching.slot_copy import NOT_EVERY_SLOT, SlotCopy
 from lanes_pipeline.cpu_lane.batching.slots import CapAdmission, SlotGate
 from lanes_pipeline.errors import AuthenticationError, LaneError
 
@@ -195,7 +195,9 @@ def open_endpoints(
             continue
         limit = max(1, min(endpoint.slots, outcome.total_slots))
         gate = SlotGate(limit, lease_dir / _url_slug(outcome.url) if lease_dir else None, admission=admission)
-        report = EndpointReport(url=url, slots=limit)
+        # The slots a batch does not use keep other caches, which can leave no room for a restored copy.
+        copy_off = NOT_EVERY_SLOT if outcome.total_slots > limit else None
+        report = EndpointReport(url=url, slots=limit, slot_copy_off=copy_off)
         live.append(LiveEndpoint(len(live), endpoint.client, outcome, gate, report))
     if not live:
         raise AllEndpointsDownError(down)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from lanes_pipeline.cpu_lane.batching.client import CpuClient
 from lanes_pipeline.errors import LaneError
+from lanes_pipeline.metrics.bandwidth import cpu_active_requests
 
 # A slot file of a large model's long prompt is hundreds of MB; a restore that fails never answers on ik.
 SLOT_FILE_TIMEOUT_S = 60.0
@@ -53,16 +54,6 @@ def slot_file_name(source: int) -> str:
     return f"lanes-prefix-{os.getpid()}-slot{source}.bin"
 
 
-def others_in_flight(client: CpuClient) -> float | None:
-    """Requests the server is processing or holding for a slot (the caller has none there), or None when it
-    cannot say (no /metrics)."""
-    try:
-        counters = client.counters()
-    except (LaneError, ValueError):  # ValueError: /metrics without llama-server's counters
-        return None
-    return counters.requests_running + (counters.requests_waiting or 0.0)
-
-
 def copy_slot(
     client: CpuClient, source: int, targets: list[int], timeout_s: float = SLOT_FILE_TIMEOUT_S
 ) -> SlotCopy:
@@ -72,7 +63,7 @@ def copy_slot(
     before it stays (a slot holds either nothing or the whole prefix)."""
     filename = slot_file_name(source)
     copy = SlotCopy()
-    busy = others_in_flight(client)
+    busy = cpu_active_requests(client)  # the caller has none there: another client's
     if busy:
         copy.skipped = f"{busy:g} request(s) of another client in flight"
         return copy
