@@ -199,6 +199,14 @@ def vllm_server_command(lane: GpuLane, data: Path, port: int) -> ServerCommand:
     return ServerCommand("gpu", argv, env, port, "/v1/models")
 
 
+def server_log_path(data_dir: Path, lane: LaneName, port: int, publish: bool) -> Path:
+    """`logs/<lane>-lane-server.log` for the lane's published server; a private one (a test's, a
+    benchmark's) writes its own, named by its port: servers of one lane side by side never truncate each
+    other's log, so a crashed session server's last words survive the private servers started after it."""
+    name = f"{lane}-lane-server.log" if publish else f"{lane}-lane-server-{port}.log"
+    return data_dir / "logs" / name
+
+
 class EmbeddedServer:
     """One real server process: start it, wait until it answers, stop it with its whole process group."""
 
@@ -208,7 +216,7 @@ class EmbeddedServer:
         self.command = command
         self.publish = publish  # tests run private servers that `make dev` must not pick up
         self.ready_timeout_s = ready_timeout_s
-        self.log_path = data_dir / "logs" / f"{command.lane}-lane-server.log"
+        self.log_path = server_log_path(data_dir, command.lane, command.port, publish)
         self.state_path = state_file(data_dir, command.lane)
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -73,7 +73,7 @@ def quant_label(spec: TrialSpec, settings: Settings) -> str:
 
 
 def trial_folder(data_dir: Path, name: str) -> Path:
-    """Where a trial's server log goes (`logs/<lane>-lane-server.log`), apart from the lanes' own logs."""
+    """Where a trial's server log goes (`logs/<lane>-lane-server-<port>.log`), apart from the lanes' own."""
     return data_dir / "observatory" / "trials" / name
 
 
@@ -186,6 +186,7 @@ def run_trial(
     }
     command_line = ""
     folder = trial_folder(settings.data_dir, spec.name)
+    server: EmbeddedServer | None = None
     try:
         config = settings.lanes.cpu_lane if spec.lane == "cpu" else settings.lanes.gpu_lane
         port = choose_port(spec.lane, 0)
@@ -223,7 +224,7 @@ def run_trial(
     except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:  # LaneError is a RuntimeError
         failure, tail = (
             f"{type(exc).__name__}: {exc}",
-            log_tail(folder / "logs" / f"{spec.lane}-lane-server.log"),
+            log_tail(server.log_path) if server is not None else "",
         )
     return TrialRecord(
         **base,

@@ -134,7 +134,7 @@ def test_failed_start_shows_log_tail_and_log_path(cpu_server: EmbeddedServer, tm
         server.start()
     message = str(caught.value)
     assert "the embedded CPU lane server exited with code" in message
-    assert f"full log: {tmp_path / 'logs' / 'cpu-lane-server.log'}" in message
+    assert f"full log: {tmp_path / 'logs' / f'cpu-lane-server-{port}.log'}" in message
     assert "--no-such-flag" in message  # the server's own complaint, from the log tail
 
 
