@@ -5,8 +5,11 @@ asked again on the other. No fake servers: both are the embedded server, each on
 from __future__ import annotations
 
 import shutil
+import threading
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -14,7 +17,8 @@ from click.testing import CliRunner
 from lanes_pipeline.cli import main
 from lanes_pipeline.cpu_lane.batching.batch import BatchRunner
 from lanes_pipeline.cpu_lane.batching.client import CpuClient
-from lanes_pipeline.cpu_lane.batching.endpoint_pool import CpuEndpointClient
+from lanes_pipeline.cpu_lane.batching.endpoint_pool import CpuEndpointClient, EndpointPool
+from lanes_pipeline.http import ChatOutcome, ChatRequest
 from lanes_pipeline.settings import RetryPolicy, Settings, project_root
 from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.batching.test_cpu_endpoints import CountingCache
@@ -35,6 +39,24 @@ def _config_check(tmp_path: Path, urls: list[str]) -> str:
     return result.output
 
 
+class KilledBeforeSending(CpuClient):
+    """The client of server b: once b has answered two items, its next request kills b first, so that
+    request (and any other in flight) meets a dead server mid-batch. Killing from the batch's progress
+    callback raced the batch: under load b's last item could finish before the kill, and with no item
+    sent to b afterwards it was never found down."""
+
+    def __init__(self, server: Any, pool: Callable[[], EndpointPool | None], *args: Any, **kwargs: Any):
+        super().__init__(*args, seed=0, **kwargs)
+        self.server, self.pool, self._lock = server, pool, threading.Lock()
+
+    def chat_outcome(self, request: ChatRequest) -> ChatOutcome:
+        pool = self.pool()
+        with self._lock:  # both of b's slots send: one kill
+            if self.server.process is not None and pool is not None and pool.live[1].report.answered >= 2:
+                self.server.kill()
+        return super().chat_outcome(request)
+
+
 @pytest.mark.usefixtures("cpu_engine")
 def test_a_batch_survives_losing_one_of_two_endpoints(settings: Settings, tmp_path: Path) -> None:
     requests = questions(ITEMS, max_tokens=8, offset=300)
@@ -44,19 +66,12 @@ def test_a_batch_survives_losing_one_of_two_endpoints(settings: Settings, tmp_pa
         a = stack.enter_context(private_cpu_server(settings))
         b = stack.enter_context(private_cpu_server(settings))
         assert "all config files are valid" in _config_check(tmp_path, [a.url, b.url])  # both llama-servers
-        endpoints = [
-            CpuEndpointClient(stack.enter_context(CpuClient(s.url, timeout_s=120.0, retry=retry, seed=0)), 2)
-            for s in (a, b)
-        ]
+        survivor_client = CpuClient(a.url, timeout_s=120.0, retry=retry, seed=0)
+        doomed_client = KilledBeforeSending(b, lambda: runner.pool, b.url, timeout_s=120.0, retry=retry)
+        endpoints = [CpuEndpointClient(stack.enter_context(c), 2) for c in (survivor_client, doomed_client)]
         cache = stack.enter_context(CountingCache(tmp_path / "answers.sqlite3"))
         runner = BatchRunner(endpoints, cache, batch_config(settings))
-
-        def b_has_answered(_: object) -> None:  # after each item: kill b once it took part, mid-batch
-            assert runner.pool is not None
-            if b.process is not None and runner.pool.live[1].report.answered >= 2:
-                b.kill()
-
-        result = runner.run(requests, progress=b_has_answered)
+        result = runner.run(requests)
         assert b.process is None  # it really was killed mid-batch
         assert runner.pool is not None and runner.pool.live[1].report.answered < ITEMS // 2
 
