@@ -14,7 +14,13 @@ from pathlib import Path
 
 import psutil
 
-from lanes_pipeline.bench.report import BenchEntry, BenchReportError, read_report, report_markdown
+from lanes_pipeline.bench.report import (
+    BenchEntry,
+    BenchReportError,
+    doc_sections,
+    read_report,
+    report_markdown,
+)
 from lanes_pipeline.host import STOP_REQUESTED
 from lanes_pipeline.settings import Settings, load_settings
 
@@ -32,11 +38,13 @@ def _report_path(settings: Settings) -> Path:
 
 
 def write_docs(source: Path, docs: Path, root: Path) -> Path:
-    """`docs` (docs/benchmarks.md) from the report at `source`, as it stands; paths shown from `root`."""
+    """`docs` (docs/benchmarks.md) from the report at `source`, as it stands; paths shown from `root`. A
+    benchmark the report has no run of keeps its section from the page as it was."""
     report = read_report(source)
     docs.parent.mkdir(parents=True, exist_ok=True)
     shown = source.relative_to(root) if source.is_relative_to(root) else source
-    docs.write_text(report_markdown(report, str(shown)))
+    kept = doc_sections(docs.read_text()) if docs.exists() else {}
+    docs.write_text(report_markdown(report, str(shown), kept))
     return docs
 
 

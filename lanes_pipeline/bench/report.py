@@ -76,8 +76,19 @@ def entry_markdown(name: str, entry: BenchEntry, machine: str | None) -> str:
     return "\n".join(lines)
 
 
-def report_markdown(report: BenchReport, source: str) -> str:
-    """The whole report as Markdown: one section per benchmark, each with its table, machine and date."""
+def doc_sections(markdown: str) -> dict[str, str]:
+    """The `## NAME` sections of a benchmarks page written by `report_markdown`, by name."""
+    sections: dict[str, str] = {}
+    for chunk in markdown.split("\n## ")[1:]:
+        name = chunk.split("\n", 1)[0].strip()
+        sections[name] = ("## " + chunk).rstrip()
+    return sections
+
+
+def report_markdown(report: BenchReport, source: str, kept: dict[str, str] | None = None) -> str:
+    """The whole report as Markdown: one section per benchmark, each with its table, machine and date.
+    `kept`: sections of an earlier page for benchmarks this report has no run of (a fresh clone has the
+    page, not the report it came from), kept word for word."""
     lines = [
         "# Benchmarks",
         "",
@@ -86,8 +97,10 @@ def report_markdown(report: BenchReport, source: str) -> str:
         "`python -m lanes_pipeline.bench NAME` runs one again and replaces its section only.",
         "",
     ]
-    if not report.results:
+    sections = {name: section for name, section in (kept or {}).items() if name not in report.results}
+    sections |= {name: entry_markdown(name, entry, report.machine) for name, entry in report.results.items()}
+    if not sections:
         lines.append("No benchmark has been run yet.")
-    for name, entry in sorted(report.results.items()):
-        lines += [entry_markdown(name, entry, report.machine), ""]
+    for _, section in sorted(sections.items()):
+        lines += [section, ""]
     return "\n".join(lines).rstrip() + "\n"

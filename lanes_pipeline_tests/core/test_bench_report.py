@@ -92,6 +92,24 @@ def test_bench_docs_writes_docs_benchmarks_md_from_the_report(tmp_path: Path) ->
     assert docs.read_text() == expected
 
 
+def test_bench_docs_keeps_the_sections_of_benchmarks_the_report_has_no_run_of(tmp_path: Path) -> None:
+    """A fresh clone has docs/benchmarks.md but no data/bench/report.json: a benchmark run there replaces
+    its own section and leaves the others as they were."""
+    docs = tmp_path / "docs" / "benchmarks.md"
+    docs.parent.mkdir(parents=True)
+    earlier = {"suite": {"tests": 600, "started": "2026-12-01T00:00:00"}} | REPORT["results"]
+    docs.write_text(report_markdown(BenchReport.model_validate(REPORT | {"results": earlier}), "x"))
+    source = tmp_path / "data" / "bench" / "report.json"
+    source.parent.mkdir(parents=True)
+    source.write_text(json.dumps({"results": {"trials": {"markdown": "| new table |"}}}))
+    text = bench_main.write_docs(source, docs, root=tmp_path).read_text()
+    assert "| new table |" in text and "| ik-q4 | 283 |" not in text  # the report's run replaced its own
+    assert "| `tests` | 600 |" in text and "run 2026-12-01T00:00:00" in text  # kept word for word
+    assert '| `parse_rate` | {"ik": 1.0} |' in text
+    assert text.index("## cpu_servers") < text.index("## suite") < text.index("## trials")
+    assert text.count("## ") == 3
+
+
 def test_an_unknown_benchmark_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         bench_main.main(["cpu_yeld"])
