@@ -49,8 +49,8 @@ dev: setup
 	$(BIN)/lanes dev
 
 lint: $(STAMPS)/venv
-	$(BIN)/ruff check lanes_pipeline lanes_pipeline_tests
-	$(BIN)/ruff format --check lanes_pipeline lanes_pipeline_tests
+	$(BIN)/ruff check lanes_pipeline lanes_pipeline_tests tools
+	$(BIN)/ruff format --check lanes_pipeline lanes_pipeline_tests tools
 
 bench: setup
 	$(BIN)/python -m pip install -q $(PIP_CONSTRAINTS) -e ".[bench]"
