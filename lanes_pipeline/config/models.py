@@ -401,7 +401,9 @@ class TrainingConfig(StrictModel):
         4, ge=1, description="a window with fewer training rows trains no adapter that day (not a failure)"
     )
     min_eval_rows: int = Field(
-        2, ge=1, description="fewer held-out rows than this: eval loss is not judged and nothing is promoted"
+        2,
+        ge=1,
+        description="fewer held-out rows than this: the eval loss is not judged, the executed figures decide",
     )
     group_by_length: bool = Field(True, description="batch samples of similar length: less padding")
     device: Literal["auto", "cpu", "cuda"] = Field(
