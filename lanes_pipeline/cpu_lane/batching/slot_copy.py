@@ -32,6 +32,8 @@ from lanes_pipeline.metrics.bandwidth import cpu_active_requests
 
 # A slot file of a large model's long prompt is hundreds of MB; a restore that fails never answers on ik.
 SLOT_FILE_TIMEOUT_S = 60.0
+# Emptying a slot moves no file; ik left an erase unanswered on a slot whose restore had failed before.
+ERASE_TIMEOUT_S = 5.0
 NOT_EVERY_SLOT = (
     "the batch uses fewer slots than the server has (cpu_lane.max_slots): a copy would find no sure room"
 )
@@ -75,7 +77,7 @@ def copy_slot(
         if not saved.n_saved:
             return copy  # the slot holds nothing (its request failed early): nothing worth copying
         for slot in [source, *targets]:
-            client.erase_slot(slot, timeout_s)
+            client.erase_slot(slot, min(timeout_s, ERASE_TIMEOUT_S))
         for slot in [source, *targets]:
             restored = client.restore_slot(slot, filename, timeout_s)
             if restored is None:
