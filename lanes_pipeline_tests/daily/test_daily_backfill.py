@@ -190,6 +190,26 @@ def _day_runs(instance: DagsterInstance) -> tuple[dict[str, dict[str, float]], l
     return done, [record.dagster_run for record in records]
 
 
+def _timeline(instance: DagsterInstance, runs: list[DagsterRun]) -> str:
+    """Each run's partition and steps with their seconds, from its creation: where a backfill's time goes
+    (the steps' work, or the daemon's ticks between runs)."""
+    if not runs:
+        return "no runs"
+    start = min(record.create_timestamp for record in instance.get_run_records())
+    lines = []
+    for run in runs:
+        stats = instance.get_run_stats(run.run_id)
+        steps = ", ".join(
+            f"{step.step_key} {step.end_time - step.start_time:.0f} s"
+            for step in instance.get_run_step_stats(run.run_id)
+            if step.start_time and step.end_time
+        )
+        began = (stats.start_time or start) - start
+        ended = (stats.end_time or start) - start
+        lines.append(f"{run.tags.get('dagster/partition')} {began:5.0f}-{ended:5.0f} s: {steps}")
+    return "\n".join(lines)
+
+
 def _runs_are_rows_of_postgres(server: postgres.PostgresServer, runs: list[DagsterRun]) -> None:
     connection = psycopg2.connect(**_connection(server))
     try:
@@ -215,6 +235,7 @@ def test_an_asset_backfill_of_two_missed_days_judges_each_day_against_the_one_be
         assert isinstance(instance.run_storage, PostgresRunStorage)
         done, runs = _day_runs(instance)
         [backfill] = instance.get_backfills()
+        timeline = _timeline(instance, runs)
     days = DAYS[:2]
     for asset, materialized in done.items():
         assert set(materialized) == set(days), f"{asset}: materialized for {sorted(materialized)}"
@@ -234,7 +255,7 @@ def test_an_asset_backfill_of_two_missed_days_judges_each_day_against_the_one_be
     assert {run.tags.get("dagster/backfill") for run in runs} == {backfill.backfill_id}
     _runs_are_rows_of_postgres(pg_server, runs)  # no SQLite file took them
     took = time.monotonic() - started
-    print(f"asset backfill of {len(days)} days in {took:.0f} s, {len(runs)} runs:\n{output}")
+    print(f"asset backfill of {len(days)} days in {took:.0f} s, {len(runs)} runs:\n{timeline}\n{output}")
 
 
 @pytest.mark.slow  # the README's job backfill through the daemon; the asset backfill above shows the order

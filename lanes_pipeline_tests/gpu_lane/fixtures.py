@@ -67,8 +67,11 @@ def write_adapter_config(folder: Path, **changes: Any) -> None:
     path.write_text(json.dumps(config))
 
 
-def random_adapter(base_model_dir: Path, out_dir: Path, seed: int, r: int = 8, **lora: Any) -> Path:
-    """A real PEFT adapter with random (non-zero) weights, no training: changes the answers, loads fast."""
+def random_adapter(
+    base_model_dir: Path, out_dir: Path, seed: int, r: int = 8, identity: bool = False, **lora: Any
+) -> Path:
+    """A real PEFT adapter with random (non-zero) weights, no training: changes the answers, loads fast.
+    `identity`: PEFT's own initialisation instead (B = 0), an adapter that answers exactly as the base."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -79,7 +82,7 @@ def random_adapter(base_model_dir: Path, out_dir: Path, seed: int, r: int = 8, *
         r=r,
         lora_alpha=2 * r,
         target_modules=["q_proj", "v_proj"],
-        init_lora_weights=False,  # random A and B: the adapter visibly changes the output
+        init_lora_weights=identity,  # False: random A and B, the adapter visibly changes the output
         task_type="CAUSAL_LM",
         **lora,
     )
@@ -87,9 +90,11 @@ def random_adapter(base_model_dir: Path, out_dir: Path, seed: int, r: int = 8, *
     return out_dir
 
 
-def write_held_out_tasks(artifacts_root: Path, day: date, scratch: Path, keep: int = 1) -> HeldOutDay:
+def write_held_out_tasks(
+    artifacts_root: Path, day: date, scratch: Path, keep: int = 1, only: str | None = None
+) -> HeldOutDay:
     """The day's held-out repository tasks as lora_dataset writes them: `keep` functions of the tiny shapes
-    repository (built under `scratch`), each with its passing tests."""
+    repository (built under `scratch`), each with its passing tests; `only`: that function alone."""
     repo, commit = shapes_repo(scratch)
     snapshot = Snapshot(
         repo="shapes",
@@ -99,6 +104,8 @@ def write_held_out_tasks(artifacts_root: Path, day: date, scratch: Path, keep: i
         files=[FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")],
     )
     functions = held_out_of_repo(snapshot, repo, 100, {}, SandboxLimits(runs=1)).functions
+    if only is not None:
+        functions = [f for f in functions if f.symbol.name == only]
     held = HeldOutDay(held_out_percent=100, functions=functions[:keep])
     ArtifactStore(artifacts_root).write_json(
         "lora_dataset_report", day.isoformat(), "held_out.json", held.model_dump(mode="json")
