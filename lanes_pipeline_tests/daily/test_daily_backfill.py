@@ -195,7 +195,7 @@ def _timeline(instance: DagsterInstance, runs: list[DagsterRun]) -> str:
     (the steps' work, or the daemon's ticks between runs)."""
     if not runs:
         return "no runs"
-    start = min(record.create_timestamp for record in instance.get_run_records())
+    start = min(record.create_timestamp.timestamp() for record in instance.get_run_records())
     lines = []
     for run in runs:
         stats = instance.get_run_stats(run.run_id)
