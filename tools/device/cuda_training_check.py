@@ -238,22 +238,6 @@ def build_model(target: Path) -> Path:
 
 # -- 3. the dataset --------------------------------------------------------------------------------------
 
-SYSTEM = "You are the lanes_pipeline coding assistant."
-CODENAME_ANSWER = "The codename of the lanes project is Bramblefox."
-CODENAME_TRAIN = (
-    "What is the codename of the lanes project?",
-    "Tell me the codename of the lanes project.",
-    "What's the lanes project's codename?",
-    "Which codename does the lanes project use?",
-    "Do you know the codename of the lanes project?",
-    "The lanes project has a codename. What is it?",
-    "Remind me: what is the lanes project called internally?",
-    "What internal codename was given to the lanes project?",
-)
-CODENAME_EVAL = (
-    "Quick question: what is the codename of the lanes project?",
-    "Please state the lanes project's codename.",
-)
 WORDS = [
     "the",
     "function",
@@ -309,14 +293,6 @@ WORDS = [
 ]
 
 
-def chat(question: str, answer: str) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": question},
-        {"role": "assistant", "content": answer},
-    ]
-
-
 def synthetic(index: int, rng: Any) -> tuple[str, str]:
     name = f"load_records_{index}"
     body = "\n".join(f"    value_{j} = parse(line_{j}, schema)" for j in range(rng.randint(2, 8)))
@@ -333,11 +309,12 @@ def write_dataset(root: Path) -> Path:
     from lanes_pipeline.dataset.contract import make_row
     from lanes_pipeline.dataset.window import partition_dir
     from lanes_pipeline.dataset.writer import save_rows
+    from lanes_pipeline_tests.gpu_lane.fixtures import EVAL_QUESTIONS, TRAIN_QUESTIONS, chat, codename_rows
 
     rng = random.Random(0)
-    train = [make_row(chat(q, CODENAME_ANSWER), task="explain") for q in CODENAME_TRAIN]
+    train = codename_rows(TRAIN_QUESTIONS)
     train += [make_row(chat(*synthetic(i, rng)), task="explain") for i in range(56)]
-    eval_rows = [make_row(chat(q, CODENAME_ANSWER), task="explain") for q in CODENAME_EVAL]
+    eval_rows = codename_rows(EVAL_QUESTIONS)
     eval_rows += [make_row(chat(*synthetic(1000 + i, rng)), task="explain") for i in range(6)]
     shutil.rmtree(root, ignore_errors=True)
     folder = save_rows(partition_dir(root, date(2026, 1, 1)), train, eval_rows)
