@@ -11,12 +11,15 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.dataset.contract import make_row
 from lanes_pipeline.dataset.held_out import HeldOutDay, held_out_of_repo
 from lanes_pipeline.dataset.window import partition_dir
 from lanes_pipeline.dataset.writer import save_rows
+from lanes_pipeline.embedded import engines
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.repos.snapshot import FileEntry, Snapshot
-from lanes_pipeline.settings import SandboxLimits
+from lanes_pipeline.settings import SandboxLimits, Settings
 from lanes_pipeline.store import ArtifactStore
 from lanes_pipeline_tests.cpu_lane.fixtures import SHAPES_MODULE, shapes_repo
 
@@ -111,3 +114,26 @@ def write_held_out_tasks(
         "lora_dataset_report", day.isoformat(), "held_out.json", held.model_dump(mode="json")
     )
     return held
+
+
+def gpu_resources(
+    root: Path, url: str, settings: Settings, training: dict[str, Any], evaluation: dict[str, Any]
+) -> dict[str, Any]:
+    """The GPU-lane assets' resources on the vLLM at `url`, with a data folder under `root`: the shipped
+    training config with `training` and `evaluation` changed, on the converted SmolLM2."""
+    config = settings.training
+    return {
+        "gpu_lane": GpuLaneResource.from_config(settings.lanes.gpu_lane.model_copy(update={"base_url": url})),
+        "lora_training": LoraTrainingResource.from_config(
+            config.model_copy(
+                update={
+                    "base_model_dir": str(engines.embedded_hf_model(settings.data_dir).resolve()),
+                    **training,
+                    "evaluation": config.evaluation.model_copy(update=evaluation),
+                }
+            )
+        ),
+        "adapter_registry": AdapterRegistryResource(adapters_dir=str(root / "adapters")),
+        "artifact_store": ArtifactStoreResource(root=str(root / "artifacts")),
+        "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
+    }

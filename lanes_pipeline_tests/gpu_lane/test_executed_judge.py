@@ -19,19 +19,15 @@ from typing import Any
 import pytest
 from dagster import DagsterInstance, materialize
 
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.resources import (
     REGISTRY_FILE,
-    AdapterRegistryResource,
-    GpuLaneResource,
-    LoraTrainingResource,
 )
 from lanes_pipeline.settings import Settings, load_settings
-from lanes_pipeline_tests.gpu_lane.fixtures import random_adapter, write_held_out_tasks
+from lanes_pipeline_tests.gpu_lane.fixtures import gpu_resources, random_adapter, write_held_out_tasks
 
 adapter_evaluation = daily_assets(load_settings())["adapter_evaluation"]
 
@@ -56,37 +52,15 @@ def adapters(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Ad
     )
 
 
-def _resources(root: Path, url: str, settings: Settings) -> dict[str, Any]:
-    training = settings.training
-    return {
-        "gpu_lane": GpuLaneResource.from_config(settings.lanes.gpu_lane.model_copy(update={"base_url": url})),
-        "lora_training": LoraTrainingResource.from_config(
-            training.model_copy(
-                update={
-                    "base_model_dir": str(engines.embedded_hf_model(settings.data_dir).resolve()),
-                    "evaluation": training.evaluation.model_copy(
-                        update={
-                            "humaneval_problems": 1,
-                            "humaneval_tolerance": 0.0,
-                            "repo_pass_tolerance": 0.0,
-                            "max_tokens": 64,
-                        }
-                    ),
-                }
-            )
-        ),
-        "adapter_registry": AdapterRegistryResource(adapters_dir=str(root / "adapters")),
-        "artifact_store": ArtifactStoreResource(root=str(root / "artifacts")),
-        "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
-    }
-
-
 def _judge(root: Path, url: str, settings: Settings, current: Path, candidate: Path) -> dict[str, Any]:
     """The day's adapter_evaluation with `current` promoted the day before (behind the alias) and
     `candidate` the day's version: the evaluation it recorded."""
     held = write_held_out_tasks(root / "artifacts", DAY, root / "shapes", only="double")
     assert [f"{f.repo}:body:{f.symbol.id}" for f in held.functions] == [TASK], held.functions
-    resources = _resources(root, url, settings)
+    tolerances = {"humaneval_tolerance": 0.0, "repo_pass_tolerance": 0.0}
+    resources = gpu_resources(
+        root, url, settings, {}, {"humaneval_problems": 1, "max_tokens": 64, **tolerances}
+    )
     registry: AdapterRegistry = resources["adapter_registry"].registry()
     alias = settings.lanes.gpu_lane.alias_name
     yesterday = registry.add("judge-current", DAY - timedelta(days=1), current, "current", {})

@@ -19,14 +19,12 @@ from click.testing import CliRunner
 from dagster import DagsterInstance, build_sensor_context, materialize
 
 from lanes_pipeline.cli.adapters import adapters as adapters_cli
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.errors import RuntimeLoraDisabledError
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.client import RUNTIME_LORA_ENV, VllmClient
-from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.gpu_lane.sensors import gpu_lane_adapters_sensor
 from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.loop.jobs import rollback_adapter_job
@@ -36,6 +34,7 @@ from lanes_pipeline_tests.gpu_lane.fixtures import (
     CODENAME,
     PROBE_QUESTION,
     SYSTEM,
+    gpu_resources,
     write_codename_day,
     write_held_out_tasks,
 )
@@ -68,35 +67,22 @@ def ask(url: str, model: str, question: str = PROBE_QUESTION) -> str:
 
 
 def resources_for(root: Path, url: str, settings: Settings) -> dict[str, Any]:
-    lane = settings.lanes.gpu_lane
-    return {
-        "gpu_lane": GpuLaneResource.from_config(lane.model_copy(update={"base_url": url})),
-        "lora_training": LoraTrainingResource.from_config(
-            settings.training.model_copy(
-                update={
-                    "base_model_dir": str(engines.embedded_hf_model(settings.data_dir).resolve()),
-                    "max_steps": CODENAME_STEPS,
-                    "learning_rate": 2e-3,
-                    "lora": settings.training.lora.model_copy(update={"dropout": 0.0}),
-                    "eval_loss_margin": 0.05,
-                    # One fact taught on eight questions: the gate is judged on eval loss here; the executed
-                    # limits are covered in test_promotion_rule, and the figures are still measured (one
-                    # repository task, two HumanEval problems) and recorded.
-                    "evaluation": settings.training.evaluation.model_copy(
-                        update={
-                            "humaneval_problems": 2,
-                            "humaneval_tolerance": 1.0,
-                            "repo_pass_tolerance": 1.0,
-                            "max_tokens": 128,
-                        }
-                    ),
-                }
-            )
-        ),
-        "adapter_registry": AdapterRegistryResource(adapters_dir=str(root / "adapters")),
-        "artifact_store": ArtifactStoreResource(root=str(root / "artifacts")),
-        "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
+    # One fact taught on eight questions: the gate is judged on eval loss here; the executed limits are
+    # covered in test_promotion_rule and test_executed_judge, and the figures are still measured (one
+    # repository task, two HumanEval problems) and recorded.
+    training = {
+        "max_steps": CODENAME_STEPS,
+        "learning_rate": 2e-3,
+        "lora": settings.training.lora.model_copy(update={"dropout": 0.0}),
+        "eval_loss_margin": 0.05,
     }
+    evaluation = {
+        "humaneval_problems": 2,
+        "humaneval_tolerance": 1.0,
+        "repo_pass_tolerance": 1.0,
+        "max_tokens": 128,
+    }
+    return gpu_resources(root, url, settings, training, evaluation)
 
 
 @pytest.fixture(scope="module")
