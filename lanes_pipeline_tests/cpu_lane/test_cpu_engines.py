@@ -204,7 +204,9 @@ def test_failed_slot_restores_do_not_take_a_slot_from_the_embedded_ik_server(set
     starved = settings_with_cpu_lane(ik, embedded=EmbeddedCpuServer(extra_args=["--threads-http", "4"]))
     with private_cpu_server(starved) as server:
         fail_restores(server.url, 2)
-        assert peak_processing(server.url) == 1
+        # Never both slots; 1 or 0 (the poller's /metrics can only get a handler between the completions,
+        # when nothing is processing)
+        assert peak_processing(server.url) < 2
         server.kill()
 
 
