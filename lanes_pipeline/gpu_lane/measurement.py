@@ -5,6 +5,7 @@ registry, so a re-run of the day judges the recorded figures instead of asking t
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,13 +191,19 @@ def measure(
         if current is not None:
             service.ensure_loaded(current)
             served["current"] = current.name
-        rates: dict[str, dict[str, PassRate]] = {}
         for label, name in served.items():
             context.log.info(
                 f"{label} ({name}): {len(tasks.functions)} repository task(s), "
                 f"{len(tasks.problems)} HumanEval problem(s)"
             )
-            rates[label] = executed_pass_rates(client, name, tasks, config)
+        # The models asked side by side: vLLM batches their requests (up to max_loras adapters a step) and
+        # one model's sandbox runs overlap another's answers, where one after the other left vLLM idle.
+        with ThreadPoolExecutor(len(served), thread_name_prefix="measure") as pool:
+            running = {
+                label: pool.submit(executed_pass_rates, client, name, tasks, config)
+                for label, name in served.items()
+            }
+            rates = {label: future.result() for label, future in running.items()}
     figures = {
         label: Figures(
             eval_loss=losses.get(model),

@@ -87,6 +87,7 @@ def daily_project(
     seed_earlier_day: bool = True,
     dataset: dict[str, Any] | None = None,
     pipeline_changes: dict[str, Any] | None = None,
+    cpu_assets: dict[str, Any] | None = None,
 ) -> DailyProject:
     config_dir, data, home = root / "configs", root / "data", root / "dagster_home"
     for folder in (config_dir, data, home):
@@ -98,8 +99,9 @@ def daily_project(
         repo["include"] = SAMPLE_MODULES
     write_config(config_dir / "repos.yaml", repos)
     pipeline = read_config(shipped / "pipeline.yaml")
-    sandbox = {**pipeline["cpu_assets"]["sandbox"], **CPU_ASSETS["sandbox"]}
-    pipeline["cpu_assets"] |= CPU_ASSETS | {"sandbox": sandbox}
+    assets = CPU_ASSETS | (cpu_assets or {})
+    sandbox = {**pipeline["cpu_assets"]["sandbox"], **assets["sandbox"]}
+    pipeline["cpu_assets"] |= assets | {"sandbox": sandbox}
     pipeline["dataset"] |= dataset or {}
     pipeline |= pipeline_changes or {}
     write_config(config_dir / "pipeline.yaml", pipeline)

@@ -59,7 +59,7 @@ def _judge(root: Path, url: str, settings: Settings, current: Path, candidate: P
     assert [f"{f.repo}:body:{f.symbol.id}" for f in held.functions] == [TASK], held.functions
     tolerances = {"humaneval_tolerance": 0.0, "repo_pass_tolerance": 0.0}
     resources = gpu_resources(
-        root, url, settings, {}, {"humaneval_problems": 1, "max_tokens": 64, **tolerances}
+        root, url, settings, {}, {"humaneval_problems": 1, "max_tokens": 32, **tolerances}
     )
     registry: AdapterRegistry = resources["adapter_registry"].registry()
     alias = settings.lanes.gpu_lane.alias_name
