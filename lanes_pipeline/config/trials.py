@@ -38,7 +38,7 @@ class CpuServerFlags(StrictModel):
 class GpuServerFlags(StrictModel):
     """vLLM flags the table reports; anything else goes in `extra_args`."""
 
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(
+    dtype: Literal["native", "auto", "bfloat16", "float16", "float32"] | None = Field(
         None, description="default: the lane's"
     )
     max_num_seqs: int = Field(4, ge=1, le=1024, description="--max-num-seqs: the GPU lane's slots")

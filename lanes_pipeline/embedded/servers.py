@@ -161,6 +161,27 @@ def _key_file(data: Path, port: int, key: str) -> Path:
     return path
 
 
+# CPU flags with which the CPU build of vLLM computes bfloat16 natively; without them it converts each value.
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first CPU's feature flags (empty where /proc/cpuinfo is not there to read)."""
+    with suppress(OSError):
+        for line in cpuinfo.read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "flags":
+                return frozenset(value.split())
+    return frozenset()
+
+
+def embedded_dtype(flags: frozenset[str]) -> str:
+    """The embedded vLLM's --dtype for `dtype: native` (the default): bfloat16 where the CPU has it natively,
+    else float32 (with AVX2 alone, a LoRA answer of 32 tokens after a 327-token prompt took 16.9 s in
+    bfloat16 and 7.4 s in float32; the base model's 11.9 s and 3.8 s)."""
+    return "bfloat16" if flags & NATIVE_BF16_FLAGS else "float32"
+
+
 def vllm_server_command(lane: GpuLane, data: Path, port: int) -> ServerCommand:
     python = engines.vllm_python(data)
     model_dir = engines.embedded_hf_model(data)
@@ -180,7 +201,7 @@ def vllm_server_command(lane: GpuLane, data: Path, port: int) -> ServerCommand:
         "--max-model-len",
         str(lane.embedded.max_model_len),
         "--dtype",
-        lane.embedded.dtype,
+        embedded_dtype(cpu_flags()) if lane.embedded.dtype == "native" else lane.embedded.dtype,
         "--host",
         "127.0.0.1",
         "--port",

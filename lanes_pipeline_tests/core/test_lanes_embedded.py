@@ -26,6 +26,8 @@ from lanes_pipeline.embedded.servers import (
     build_server,
     check_reachable,
     choose_port,
+    cpu_flags,
+    embedded_dtype,
 )
 from lanes_pipeline.errors import EmbeddedStartError, LaneUnreachableError, PortInUseError
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource
@@ -53,6 +55,21 @@ def test_gpu_lane_answers_with_tokens_per_second(gpu_server: EmbeddedServer, set
         cards = client.models().data
     assert [card.id for card in cards if card.parent is None] == [settings.lanes.gpu_lane.served_model_name]
     assert result.answer and result.generation_tokens_per_s > 0
+    argv = gpu_server.command.argv
+    assert argv[argv.index("--dtype") + 1] == embedded_dtype(cpu_flags())  # the shipped config: native
+
+
+def test_the_embedded_vllm_computes_in_float32_unless_the_cpu_has_bfloat16(tmp_path: Path) -> None:
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu avx2\n"
+    (tmp_path / "avx2").write_text(avx2)
+    (tmp_path / "zen4").write_text("processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16\n")
+    (tmp_path / "sapphire").write_text("flags\t: avx512f amx_tile amx_bf16\n")
+    assert cpu_flags(tmp_path / "avx2") == {"fpu", "sse2", "avx", "avx2", "fma"}
+    assert embedded_dtype(cpu_flags(tmp_path / "avx2")) == "float32"
+    assert embedded_dtype(cpu_flags(tmp_path / "zen4")) == "bfloat16"
+    assert embedded_dtype(cpu_flags(tmp_path / "sapphire")) == "bfloat16"
+    assert cpu_flags(tmp_path / "absent") == frozenset()  # no /proc: float32, which every CPU computes
+    assert embedded_dtype(frozenset()) == "float32"
 
 
 def test_probe_assets_materialize_against_real_lanes(
