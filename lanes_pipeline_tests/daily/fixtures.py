@@ -88,7 +88,9 @@ def daily_project(
     dataset: dict[str, Any] | None = None,
     pipeline_changes: dict[str, Any] | None = None,
     cpu_assets: dict[str, Any] | None = None,
+    modules: list[str] | None = None,
 ) -> DailyProject:
+    """`modules`: the sample's modules the repository config includes (default SAMPLE_MODULES)."""
     config_dir, data, home = root / "configs", root / "data", root / "dagster_home"
     for folder in (config_dir, data, home):
         folder.mkdir(parents=True, exist_ok=True)
@@ -96,7 +98,7 @@ def daily_project(
     shutil.copy(shipped / "models.yaml", config_dir / "models.yaml")
     repos = read_config(shipped / "repos.yaml")
     for repo in repos["repos"]:
-        repo["include"] = SAMPLE_MODULES
+        repo["include"] = modules or SAMPLE_MODULES
     write_config(config_dir / "repos.yaml", repos)
     pipeline = read_config(shipped / "pipeline.yaml")
     assets = CPU_ASSETS | (cpu_assets or {})

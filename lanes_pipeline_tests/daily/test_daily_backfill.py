@@ -124,6 +124,8 @@ def project(
             "tests_max_tokens": 96,
             "refactor_max_tokens": 96,
         },
+        # One module: day 2 changes one of its functions (slug.py, new on day 2, added 4 symbols to it).
+        modules=["textstats.py"],
     )
     # The instance on Postgres: the variant's yaml, its LANES_PG_* variables in this process and so in every
     # process the test starts (the daemon, `lanes backfill`, the run workers they launch).
