@@ -31,6 +31,8 @@ class BatchRequest(BaseModel):
     temperature: float = Field(0.0, ge=0)
     seed: int | None = 0
     stop: list[str] | None = None
+    # Generate past end-of-text, to a stop string or max_tokens: an answer of a known length (drills, load).
+    ignore_eos: bool = False
     json_schema: dict[str, Any] | None = None
     # Validates the parsed answer beyond what the schema's grammar enforces; not part of the cache key.
     output_model: type[BaseModel] | None = Field(None, exclude=True)
@@ -54,6 +56,7 @@ class BatchRequest(BaseModel):
             temperature=self.temperature,
             seed=self.seed,
             stop=self.stop,
+            ignore_eos=self.ignore_eos or None,
             response_format=response_format_for(self.json_schema)
             if self.json_schema is not None and grammar is None
             else None,

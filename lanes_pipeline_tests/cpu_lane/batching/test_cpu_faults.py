@@ -228,8 +228,13 @@ def test_a_stopped_batch_returns_at_once_and_sends_nothing_more(
     flight (it used to wait for them: minutes each on a large model, so `lanes run` outlived a SIGTERM), and
     no request is sent after it. What was answered before the stop is committed."""
     layout = PromptLayout(ASK, shared_context="Counting practice.")
+    # Answers of a known length: asked to count, the small model often answers in one line, and a stop
+    # between two requests would find none in flight.
     requests = [
-        layout.build(f"count{i}", f"Count from {i} to 2000, one number per line.", 600) for i in range(8)
+        layout.build(f"count{i}", f"Count from {i} to 2000, one number per line.", 200).model_copy(
+            update={"ignore_eos": True}
+        )
+        for i in range(8)
     ]
     metrics = CpuClient(cpu_server.url, timeout_s=10.0)
     answered: list[int] = [0]
@@ -240,7 +245,7 @@ def test_a_stopped_batch_returns_at_once_and_sends_nothing_more(
         deadline = time.monotonic() + 120
         while not finished.is_set() and time.monotonic() < deadline:
             if metrics.counters().requests_running >= 1:
-                time.sleep(0.5)  # well inside a 600-token answer
+                time.sleep(0.5)  # well inside a 200-token answer
                 if not finished.is_set():
                     sent_signal.set()
                     os.kill(os.getpid(), signal.SIGINT)

@@ -143,6 +143,8 @@ def test_cache_key_covers_request_and_weights_but_not_alias_or_id() -> None:
     assert cache_key(_request(max_tokens=9).chat_request("alias-a"), weights) != base
     assert cache_key(_request(temperature=0.5).chat_request("alias-a"), weights) != base
     assert cache_key(_request(json_schema={"type": "object"}).chat_request("alias-a"), weights) != base
+    assert cache_key(_request(ignore_eos=True).chat_request("alias-a"), weights) != base
+    assert "ignore_eos" not in _request().chat_request("alias-a").payload()  # keys cached before it stay
     other_file = WeightsIdentity(configured_model="m", model_path="/b.gguf", meta={"size": 1}).fingerprint()
     other_name = WeightsIdentity(configured_model="n", model_path="/a.gguf", meta={"size": 1}).fingerprint()
     other_size = WeightsIdentity(configured_model="m", model_path="/a.gguf", meta={"size": 2}).fingerprint()
