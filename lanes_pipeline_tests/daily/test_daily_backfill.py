@@ -1,11 +1,11 @@
 """Missed days backfilled through the daemon path, as a user runs it: `dagster-daemon run` on the project's
-instance, then
-- two days as an asset backfill (`lanes backfill --assets`: the one the UI's Lineage page submits, its runs
-  planned by the assets' dependencies): every day's assets are materialized, each day's adapter is trained,
-  judged and served in that order, each GPU-lane asset's days in order (adapter_evaluation and
-  served_adapter depend on their own day before), and day 2 is judged against day 1's promoted adapter;
-- (slow tier) a day as a backfill of the daily_lanes job (`lanes backfill`, the README's command; the one
-  the UI's Partitions page submits): the day is one run (lora_adapter's replay window notwithstanding).
+instance, then two days as
+- a backfill of the daily_lanes job (`lanes backfill`, the README's command; the one the UI's Partitions
+  page submits): each day one run, the runs one at a time in day order;
+- (slow tier) an asset backfill (`lanes backfill --assets`: the one the UI's Lineage page submits, its runs
+  planned by the assets' dependencies, 8 for two days).
+Either way every day's assets are materialized, each day's adapter is trained, judged and served in that
+order, each asset's days in order, and day 2 is judged against day 1's promoted adapter.
 
 The instance here is the Postgres variant (dagster.postgres.yaml) on a real local PostgreSQL started for
 each test (lanes_pipeline/deploy/postgres.py): the daemon, the backfill's submission and the run workers all
@@ -232,7 +232,64 @@ def _runs_are_rows_of_postgres(server: postgres.PostgresServer, runs: list[Dagst
         connection.close()
 
 
+def _days_in_order_each_judged_against_the_day_before(
+    done: dict[str, dict[str, float]], project: DailyProject
+) -> None:
+    """Every day's assets materialized; within a day trained, judged, served; each GPU-lane asset's days in
+    order (adapter_evaluation and served_adapter depend on their own day before);
+    day 2 judged against what day 1 left to beat: day 1's adapter, promoted and served."""
+    for asset, materialized in done.items():
+        assert set(materialized) == set(DAYS), f"{asset}: materialized for {sorted(materialized)}"
+    for day in DAYS:
+        assert [done[a][day] for a in GPU_CHAIN] == sorted(done[a][day] for a in GPU_CHAIN), day
+    for asset in GPU_CHAIN:
+        assert [done[asset][day] for day in DAYS] == sorted(done[asset][day] for day in DAYS), asset
+    registry = AdapterRegistry(project.data_dir / "adapters" / REGISTRY_FILE)
+    judged = {v.day.isoformat(): v for v in registry.versions() if v.evaluation.get("decision")}
+    assert set(judged) == set(DAYS), sorted(judged)
+    first, second = (judged[day] for day in DAYS)
+    assert first.evaluation["current"] is None and first.evaluation["decision"]["promote"], first.evaluation
+    assert second.evaluation["current"] == first.name, second.evaluation
+
+
 @pytest.mark.timeout(2400)  # two days of work through the daemon on 2 shared cores
+def test_the_readmes_job_backfill_of_two_missed_days_judges_each_day_against_the_one_before(
+    project: DailyProject,
+    daemon: subprocess.Popen[bytes],
+    monkeypatch: pytest.MonkeyPatch,
+    pg_server: postgres.PostgresServer,
+) -> None:
+    """`lanes backfill` (the README's command; the UI's Partitions page submits the same): a day is one run
+    of the daily_lanes job (lora_adapter's replay window notwithstanding), and the runs go one at a time in
+    day order (the instance's run queue), so day 2 is judged against day 1's promoted adapter."""
+    started = time.monotonic()
+    output = _lanes_backfill(project, daemon, DAYS[0], DAYS[1])
+    monkeypatch.setenv("DAGSTER_HOME", str(project.dagster_home))
+    with DagsterInstance.get() as instance:
+        assert isinstance(instance.run_storage, PostgresRunStorage)
+        done, runs = _day_runs(instance)
+        [backfill] = instance.get_backfills()
+        made_by = {asset: _materializing_runs(instance, asset) for asset in EVERY_DAY}
+        timeline = _timeline(instance, runs)
+    assert not backfill.is_asset_backfill and backfill.status.value == "COMPLETED_SUCCESS", output
+    # Each day is one run of the whole job: the GPU chain is not split off by lora_adapter's window mapping.
+    assert [run.tags["dagster/partition"] for run in runs] == list(DAYS), timeline
+    assert {run.job_name for run in runs} == {"daily_lanes"}
+    assert {run.tags.get("dagster/backfill") for run in runs} == {backfill.backfill_id}
+    for asset, runs_by_day in made_by.items():
+        assert runs_by_day == {run.tags["dagster/partition"]: run.run_id for run in runs}, asset
+    # One day at a time: day 2's run started after day 1's ended.
+    with DagsterInstance.get() as instance:
+        first, second = (instance.get_run_stats(run.run_id) for run in runs)
+    assert first.end_time and second.start_time and first.end_time <= second.start_time, timeline
+    _days_in_order_each_judged_against_the_day_before(done, project)
+    _runs_are_rows_of_postgres(pg_server, runs)  # no SQLite file took them
+    took = time.monotonic() - started
+    print(f"job backfill of {len(DAYS)} days in {took:.0f} s, {len(runs)} runs:\n{timeline}\n{output}")
+
+
+@pytest.mark.slow  # the same order through the asset backfill, planned by dependencies in 8 runs
+@pytest.mark.timeout(2400)
 def test_an_asset_backfill_of_two_missed_days_judges_each_day_against_the_one_before(
     project: DailyProject,
     daemon: subprocess.Popen[bytes],
@@ -248,49 +305,9 @@ def test_an_asset_backfill_of_two_missed_days_judges_each_day_against_the_one_be
         done, runs = _day_runs(instance)
         [backfill] = instance.get_backfills()
         timeline = _timeline(instance, runs)
-    days = DAYS[:2]
-    for asset, materialized in done.items():
-        assert set(materialized) == set(days), f"{asset}: materialized for {sorted(materialized)}"
-    # Within a day: trained, judged, served. Across days: each asset's days in order.
-    for day in days:
-        assert [done[a][day] for a in GPU_CHAIN] == sorted(done[a][day] for a in GPU_CHAIN), day
-    for asset in GPU_CHAIN:
-        assert [done[asset][day] for day in days] == sorted(done[asset][day] for day in days), asset
-    # Day 2 judged against what day 1 left to beat: day 1's adapter, promoted and served.
-    registry = AdapterRegistry(project.data_dir / "adapters" / REGISTRY_FILE)
-    judged = {v.day.isoformat(): v for v in registry.versions() if v.evaluation.get("decision")}
-    assert set(judged) == set(days), sorted(judged)
-    first, second = (judged[day] for day in days)
-    assert first.evaluation["current"] is None and first.evaluation["decision"]["promote"], first.evaluation
-    assert second.evaluation["current"] == first.name, second.evaluation
+    _days_in_order_each_judged_against_the_day_before(done, project)
     assert backfill.is_asset_backfill and backfill.status.value == "COMPLETED_SUCCESS"
     assert {run.tags.get("dagster/backfill") for run in runs} == {backfill.backfill_id}
     _runs_are_rows_of_postgres(pg_server, runs)  # no SQLite file took them
     took = time.monotonic() - started
-    print(f"asset backfill of {len(days)} days in {took:.0f} s, {len(runs)} runs:\n{timeline}\n{output}")
-
-
-@pytest.mark.slow  # the README's job backfill through the daemon; the asset backfill above shows the order
-@pytest.mark.timeout(1800)
-def test_the_readmes_job_backfill_runs_a_missed_day_as_one_run_of_the_daily_job(
-    project: DailyProject,
-    daemon: subprocess.Popen[bytes],
-    monkeypatch: pytest.MonkeyPatch,
-    pg_server: postgres.PostgresServer,
-) -> None:
-    day = DAYS[0]
-    output = _lanes_backfill(project, daemon, day, day)
-    monkeypatch.setenv("DAGSTER_HOME", str(project.dagster_home))
-    with DagsterInstance.get() as instance:
-        done, runs = _day_runs(instance)
-        [backfill] = instance.get_backfills()
-        made_by = {asset: _materializing_runs(instance, asset) for asset in EVERY_DAY}
-    assert not backfill.is_asset_backfill and backfill.status.value == "COMPLETED_SUCCESS", output
-    # The day is one run of the whole job: the GPU chain is not split off by lora_adapter's window mapping.
-    [day_run] = runs
-    assert day_run.job_name == "daily_lanes" and day_run.tags["dagster/partition"] == day
-    assert day_run.tags.get("dagster/backfill") == backfill.backfill_id
-    for asset, runs_by_day in made_by.items():
-        assert runs_by_day == {day: day_run.run_id}, f"{asset}: materialized in {runs_by_day}"
-    assert [done[a][day] for a in GPU_CHAIN] == sorted(done[a][day] for a in GPU_CHAIN)
-    _runs_are_rows_of_postgres(pg_server, runs)
+    print(f"asset backfill of {len(DAYS)} days in {took:.0f} s, {len(runs)} runs:\n{timeline}\n{output}")
