@@ -33,7 +33,10 @@ from lanes_pipeline.errors import (
 from lanes_pipeline.settings import CpuLane, GpuLane, LaneName, Settings
 
 LANE_LABEL: dict[LaneName, str] = {"cpu": "CPU", "gpu": "GPU"}
-STOP_GRACE_S = 20.0
+# How long a server may take to stop on SIGTERM before it is killed. vLLM stops its engine processes in
+# seconds. llama-server exits at once, unless an HTTP handler waits on a task that will never be answered
+# (an unanswered slot action, slot_copy.py): then it never exits, and waiting longer only delays the kill.
+STOP_GRACE_S: dict[LaneName, float] = {"cpu": 5.0, "gpu": 20.0}
 
 
 def _port_owner(port: int) -> str | None:
@@ -309,13 +312,13 @@ class EmbeddedServer:
             return
         _signal_group(process.pid, signal.SIGTERM)
         try:
-            process.wait(timeout=STOP_GRACE_S)
+            process.wait(timeout=STOP_GRACE_S[self.command.lane])
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
             pass  # too slow, or a second Ctrl-C / SIGTERM: no more waiting
         finally:
             # A server that did not stop, and anything it forked and left behind in its group, goes too.
             _signal_group(process.pid, signal.SIGKILL)
-            process.wait(timeout=STOP_GRACE_S)
+            process.wait(timeout=STOP_GRACE_S[self.command.lane])
 
     def kill(self) -> None:
         """SIGKILL the whole group at once: what a crash looks like, for resume tests."""
