@@ -271,6 +271,7 @@ def test_the_readmes_job_backfill_of_two_missed_days_judges_each_day_against_the
         [backfill] = instance.get_backfills()
         made_by = {asset: _materializing_runs(instance, asset) for asset in EVERY_DAY}
         timeline = _timeline(instance, runs)
+        stats = [instance.get_run_stats(run.run_id) for run in runs]
     assert not backfill.is_asset_backfill and backfill.status.value == "COMPLETED_SUCCESS", output
     # Each day is one run of the whole job: the GPU chain is not split off by lora_adapter's window mapping.
     assert [run.tags["dagster/partition"] for run in runs] == list(DAYS), timeline
@@ -279,8 +280,7 @@ def test_the_readmes_job_backfill_of_two_missed_days_judges_each_day_against_the
     for asset, runs_by_day in made_by.items():
         assert runs_by_day == {run.tags["dagster/partition"]: run.run_id for run in runs}, asset
     # One day at a time: day 2's run started after day 1's ended.
-    with DagsterInstance.get() as instance:
-        first, second = (instance.get_run_stats(run.run_id) for run in runs)
+    first, second = stats
     assert first.end_time and second.start_time and first.end_time <= second.start_time, timeline
     _days_in_order_each_judged_against_the_day_before(done, project)
     _runs_are_rows_of_postgres(pg_server, runs)  # no SQLite file took them

@@ -74,11 +74,11 @@ def copy_slot(
     before it stays (a slot holds either nothing or the whole prefix)."""
     filename = slot_file_name(source)
     copy = SlotCopy()
+    time.sleep(SLOT_SETTLE_S)  # before the check: what runs on the server after the wait is what counts
     busy = cpu_active_requests(client)  # the caller has none there: another client's
     if busy:
         copy.skipped = f"{busy:g} request(s) of another client in flight"
         return copy
-    time.sleep(SLOT_SETTLE_S)
     try:
         saved = client.save_slot(source, filename, timeout_s)
         if saved is None:
