@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import gc
 import threading
 
 import pytest
@@ -34,3 +35,37 @@ def test_a_parse_waits_while_another_thread_parses() -> None:
         parse_python(SOURCE)  # reentrant: a finalizer that runs during a parse may parse too
     assert parsed.wait(5)
     other.join(5)
+
+
+class _ParsesWhenCollected:
+    """Cyclic garbage whose finalizer parses, as pytest's unraisable-exception hook does when it formats a
+    traceback; each one leaves another behind, so collections keep finding one while a tree is built."""
+
+    left = 0
+
+    def __init__(self) -> None:
+        self.cycle = self
+
+    def __del__(self) -> None:
+        if _ParsesWhenCollected.left > 0:
+            _ParsesWhenCollected.left -= 1
+            _ParsesWhenCollected()
+            ast.parse("x = (1 + 2) * 3")
+
+
+def test_a_collection_during_a_parse_does_not_break_the_tree_being_built() -> None:
+    """A finalizer that parses while a tree is built reset CPython 3.11's shared depth counter, and the outer
+    parse of valid code failed with SystemError (20 of 20 rounds here before the collector was held off)."""
+    source = "\n".join(f"def f{i}(a, b):\n    return [a + b for _ in range(a)]" for i in range(300))
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)  # a collection at nearly every allocation
+    try:
+        for _ in range(20):
+            _ParsesWhenCollected.left = 50
+            _ParsesWhenCollected()
+            assert len(parse_python(source).body) == 300
+    finally:
+        _ParsesWhenCollected.left = 0
+        gc.set_threshold(*threshold)
+        gc.collect()
+    assert gc.isenabled()
