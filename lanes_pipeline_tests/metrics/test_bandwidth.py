@@ -253,6 +253,16 @@ class InteractiveLoad:
             thread.join(timeout=120)
 
 
+def _request_gauges(url: str) -> list[str]:
+    """The server's own lines about requests in flight or waiting, for an assertion's message."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    except httpx.HTTPError as exc:
+        return [f"GET {url}/metrics failed: {exc!r}"]
+    wanted = ("requests_processing", "requests_deferred", "num_requests_running", "num_requests_waiting")
+    return [line for line in text.splitlines() if not line.startswith("#") and any(w in line for w in wanted)]
+
+
 class HeldBusy:
     """vLLM held busy by the test, not by timing: one streamed answer generated past end-of-text (vLLM's
     `ignore_eos`) is always in flight, asked again if it ends, until `release()` closes its stream (vLLM
@@ -383,7 +393,7 @@ def test_cpu_lane_drops_to_the_minimum_under_interactive_load_and_recovers(
         held.join()
     report = result.bandwidth
     assert report is not None and result.summary.ok == result.summary.items == items
-    assert load.answered > 0 and report.max_gpu_running >= 1
+    assert load.answered > 0 and report.max_gpu_running >= 1, (report, _request_gauges(gpu_server.url))
     assert report.events[0].cap == 1 and report.events[-1].cap is None, report.events
     # vLLM was busy before the batch: it started at the minimum
     assert report.initial_gpu_running and report.initial_cap == 1, report
@@ -436,14 +446,23 @@ def test_training_waits_while_a_cpu_lane_batch_holds_the_bandwidth(
     # into the other slot, a moment with nothing in flight in which a first reading finds the lane quiet
     # (seen: a reading just after this loop had seen the first request).
     deadline = time.monotonic() + 60
+    readings: list[float | None] = []
     with CpuClient(cpu_server.url) as client:
-        while (cpu_active_requests(client) or 0) < 2 and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            readings.append(cpu_active_requests(client))
+            if (readings[-1] or 0) >= 2:
+                break
             time.sleep(0.02)
     busy_seen: list[float] = []
     waited = gpu_lane.wait_for_quiet_cpu_lane(on_busy=busy_seen.append)
     started_training = time.monotonic()
     batch.join(timeout=300)
-    assert waited is not None and waited.quiet and waited.max_active >= 1 and busy_seen
+    # What llama-server said while the batch fanned out: the cause, if the wait below saw a quiet lane.
+    seen = f"{len(readings)} readings before the wait, max {max((r or 0) for r in readings):g}, " + (
+        f"{sum(r is None for r in readings)} unanswered; now {_request_gauges(cpu_server.url)}"
+    )
+    assert readings and (readings[-1] or 0) >= 2, seen
+    assert waited is not None and waited.quiet and waited.max_active >= 1 and busy_seen, (waited, seen)
     assert finished and started_training >= finished[0] + 0.9  # after the batch and ~a quiet second
     no_wait = gpu_lane.bandwidth.model_copy(update={"training_waits_for_cpu_lane": False})
     assert not gpu_lane.model_copy(update={"bandwidth": no_wait}).wait_for_quiet_cpu_lane()

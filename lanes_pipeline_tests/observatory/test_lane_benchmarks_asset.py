@@ -34,7 +34,7 @@ def test_lane_benchmarks_materializes_every_figure(
     }
     for lane in ("cpu_lane", "gpu_lane"):
         for figure in ("ttft_s", "prompt_tok_s", "generation_tok_s", "generation_tok_s_slots", "p95_s", "pf"):
-            assert metadata[f"{lane}/{figure}"] > 0, (lane, figure)  # type: ignore[operator]
+            assert metadata[f"{lane}/{figure}"] > 0, (lane, figure, metadata)  # type: ignore[operator]
     assert metadata["gpu_lane/engine"] == "vllm" and 0 <= metadata["gpu_lane/prefix_hit"] <= 1  # type: ignore[operator]
     for ratio in ("cpu_ratio", "gpu_ratio_yield_off", "gpu_ratio_yield_on"):
         assert metadata[f"interference/{ratio}"] > 0  # type: ignore[operator]
