@@ -458,8 +458,10 @@ def test_training_waits_while_a_cpu_lane_batch_holds_the_bandwidth(
     started_training = time.monotonic()
     batch.join(timeout=300)
     # What llama-server said while the batch fanned out: the cause, if the wait below saw a quiet lane.
-    seen = f"{len(readings)} readings before the wait, max {max((r or 0) for r in readings):g}, " + (
-        f"{sum(r is None for r in readings)} unanswered; now {_request_gauges(cpu_server.url)}"
+    answered = [r for r in readings if r is not None]
+    seen = (
+        f"{len(readings)} readings before the wait, max {max(answered, default=0):g}, "
+        f"{len(readings) - len(answered)} unanswered; now {_request_gauges(cpu_server.url)}"
     )
     assert readings and (readings[-1] or 0) >= 2, seen
     assert waited is not None and waited.quiet and waited.max_active >= 1 and busy_seen, (waited, seen)

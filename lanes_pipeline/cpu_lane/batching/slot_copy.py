@@ -41,7 +41,9 @@ ERASE_TIMEOUT_S = 5.0
 # embedded ik with 2 slots, a save and two erases sent right after two answers: 7 of 30 rounds hung, 2 of 30
 # after 10 ms, none after 50 ms (/slots in between did not help). Not all of it: with the two restores added,
 # 1 of 30 rounds still hung after 200 ms, on the erase of the other slot (ERASE_TIMEOUT_S bounds it). A copy
-# is made once per prefix group: the wait is cheap.
+# is made once per prefix group: the wait is cheap. It is not the cure: with all five actions, 1 of 60 rounds
+# hung after 200 ms and 8 of 30 after 500 ms, most of them after a first hang (a server that left one slot
+# action unanswered leaves later ones unanswered more often, and serves one request at a time).
 SLOT_SETTLE_S = 0.2
 NOT_EVERY_SLOT = (
     "the batch uses fewer slots than the server has (cpu_lane.max_slots): a copy would find no sure room"
