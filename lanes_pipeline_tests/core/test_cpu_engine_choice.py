@@ -31,20 +31,41 @@ def test_build_info_fills_every_placeholder_of_the_template() -> None:
 
 
 def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Path) -> None:
-    """The pos_min fix goes in once (a resumed build finds it there); a tree without the expected text
-    (another sdist) stops the build naming the file. The failed-build test applies it to the real sdist."""
-    (patch,) = engines.IK_PATCHES
-    source = tmp_path / patch.path
-    source.parent.mkdir(parents=True)
-    source.write_text(f"static int f() {{\n    for (;;) {{\n{patch.old}\n    }}\n}}\n")
+    """Each fix goes in at every place it names, once (a resumed build finds it there); a tree with the
+    expected text at fewer places (another sdist) stops the build naming the file. The failed-build test
+    applies them to the real sdist."""
+    paths = {"src/llama.cpp", "examples/server/server.cpp", "examples/server/server-context.cpp"}
+    assert {p.path for p in engines.IK_PATCHES} == paths
     log = tmp_path / "install.log"
+    sources: dict[str, str] = {}
+    for number, patch in enumerate(engines.IK_PATCHES):
+        handlers = [
+            f"static int f{number}_{i}() {{\n    for (;;) {{\n{patch.old}\n    }}\n}}\n"
+            for i in range(patch.occurrences)
+        ]
+        sources[patch.path] = sources.get(patch.path, "") + "".join(handlers)
+    for path, text in sources.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
     engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
-    patched = source.read_text()
-    assert patch.new in patched and patch.old not in patched and "break;" not in patched
+    for patch in engines.IK_PATCHES:
+        patched = (tmp_path / patch.path).read_text()
+        assert patched.count(patch.new) == patch.occurrences and patch.old not in patched
+    assert "break;" not in (tmp_path / "src/llama.cpp").read_text()
+    server = (tmp_path / "examples/server/server.cpp").read_text()
+    # every handler registers for its answer before it posts the task
+    assert server.count("add_waiting_task_id(id_task);\n        ctx_server.queue_tasks.post") == 7
+    # every failed slot action answers with the kind of result its handler waits for
+    assert "send_error" not in (tmp_path / "examples/server/server-context.cpp").read_text()
+    snapshot = {p.path: (tmp_path / p.path).read_text() for p in engines.IK_PATCHES}
     engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
-    assert source.read_text() == patched
-    source.write_text("int other_version;\n")
-    with pytest.raises(EmbeddedStartError, match=f"cannot apply the patch to {source}"):
+    assert {p.path: (tmp_path / p.path).read_text() for p in engines.IK_PATCHES} == snapshot
+    server_patch = engines.IK_PATCHES[1]
+    (tmp_path / server_patch.path).write_text(server_patch.old * (server_patch.occurrences - 1))
+    with pytest.raises(EmbeddedStartError, match=r"server\.cpp .*occurs 6 times, expected 7"):
+        engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
+    (tmp_path / "src/llama.cpp").write_text("int other_version;\n")
+    with pytest.raises(EmbeddedStartError, match=f"cannot apply the patch to {tmp_path / 'src/llama.cpp'}"):
         engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
     assert '"patches"' in engines.IK_BUILD.stamp()  # a new patch rebuilds a cached server
 
