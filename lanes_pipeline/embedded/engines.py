@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from lanes_pipeline.embedded.ik_patches import IK_PATCHES, SourcePatch, apply_source_patches
 from lanes_pipeline.errors import EmbeddedStartError, log_tail
 from lanes_pipeline.settings import CpuEngineName
 
@@ -230,101 +231,6 @@ IK_TARGET = "llama-server"
 # (which wins over RUNPATH), keep the cached server runnable after the build folder is gone.
 IK_SHARED_LIBS = ("src/libllama.so", "ggml/src/libggml.so", "examples/mtmd/libmtmd.so")
 IK_VERSION_COMMIT = "ik-llama-cpp-python-0.1.5-sdist"
-
-
-@dataclass(frozen=True)
-class SourcePatch:
-    """One exact replacement in ik's tree before it is built, with the reason. A patch whose text is not
-    found as often as expected (another sdist version) stops the build and names the file, rather than
-    build without it."""
-
-    path: str  # relative to ik's tree
-    old: str
-    new: str
-    why: str
-    occurrences: int = 1  # every one is replaced
-
-
-# ik's llama_kv_cache_seq_pos_min returned the position of the first cell (in cache order) of a sequence,
-# not the smallest position. With two slots sharing the KV cache, slot 1's cells interleave with slot 0's,
-# so a later request on slot 1 that shares a prefix saw pos_min near the end of its cache and was "forcing
-# full prompt re-processing due to lack of cache data": measured on 4 groups of 16 requests sharing a
-# prefix, 4-7 of each group's 15 followers re-evaluated the whole prefix, always on slot 1.
-IK_PATCHES = (
-    SourcePatch(
-        path="src/llama.cpp",
-        old="""        if (cache.cells[i].has_seq_id(seq_id)) {
-            result = cache.cells[i].pos;
-            break;
-        }""",
-        new="""        if (cache.cells[i].has_seq_id(seq_id) && (result < 0 || cache.cells[i].pos < result)) {
-            result = cache.cells[i].pos;  // lanes_pipeline: the smallest position, not the first cell's
-        }""",
-        why="llama_kv_cache_seq_pos_min: the smallest position of the sequence, not its first cell's",
-    ),
-    # ik's handlers of the slot actions (save, restore, erase: slot_copy.py), of the LoRA scales and of the
-    # control vectors post their task and only then register to wait for its answer. When the server's loop
-    # is idle it runs the task and sends the answer before the handler registers: the answer is dropped, the
-    # handler waits forever and its HTTP thread is lost. The pool has max(slots + 2, cores - 1) threads, so
-    # on 2 cores with 2 slots a server that lost two served one request at a time for the rest of its life.
-    # Its completion handlers register first, as upstream's do everywhere; so do these now.
-    SourcePatch(
-        path="examples/server/server.cpp",
-        old="""        const int id_task = ctx_server.queue_tasks.post(std::move(task));
-        ctx_server.queue_results.add_waiting_task_id(id_task);
-""",
-        new="""        const int id_task = task.id = ctx_server.queue_tasks.get_new_id();  // lanes_pipeline
-        ctx_server.queue_results.add_waiting_task_id(id_task);
-        ctx_server.queue_tasks.post(std::move(task));
-""",
-        why="slot, LoRA and control-vector actions register for their answer before posting the task",
-        occurrences=7,
-    ),
-    # A slot action that fails (a slot that does not exist, a restore with no room or no file) is answered
-    # with send_error, which queues the new kind of result; the slot handlers wait for the legacy kind, so
-    # the failure is never answered and its HTTP thread is lost (every failed restore, measured). The
-    # failures now answer in the kind their handlers wait for: a 400 with ik's own message.
-    *(
-        SourcePatch(
-            path="examples/server/server-context.cpp",
-            old=f'            send_error(task, "{message}", ERROR_TYPE_INVALID_REQUEST);\n',
-            new=(
-                "            {  // lanes_pipeline: the legacy result the slot handlers wait for\n"
-                "                server_task_result failed;\n"
-                "                failed.id = task.id;\n"
-                "                failed.stop = true;\n"
-                "                failed.error = true;\n"
-                f'                failed.data = format_error_response("{message}",\n'
-                "                                                    ERROR_TYPE_INVALID_REQUEST);\n"
-                "                queue_results.send(failed);\n"
-                "            }\n"
-            ),
-            why=f"a failed slot action answers ({message})",
-            occurrences=occurrences,
-        )
-        for message, occurrences in (
-            ("Invalid slot ID", 3),
-            ("Unable to restore slot, no available space in KV cache or invalid slot save file", 1),
-        )
-    ),
-)
-
-
-def apply_source_patches(tree: Path, patches: tuple[SourcePatch, ...], log_path: Path) -> None:
-    """Apply each patch once (a resumed build finds it applied already)."""
-    for patch in patches:
-        path = tree / patch.path
-        text = path.read_text(encoding="utf-8")
-        if patch.new in text:
-            continue
-        if text.count(patch.old) != patch.occurrences:
-            raise EmbeddedStartError(
-                f"cannot apply the patch to {path} ({patch.why}): its text occurs "
-                f"{text.count(patch.old)} times, expected {patch.occurrences}",
-                log_path,
-                "",
-            )
-        path.write_text(text.replace(patch.old, patch.new), encoding="utf-8")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from lanes_pipeline.settings import CpuLane, GpuLane, LaneName, Settings
 LANE_LABEL: dict[LaneName, str] = {"cpu": "CPU", "gpu": "GPU"}
 # How long a server may take to stop on SIGTERM before it is killed. vLLM stops its engine processes in
 # seconds. llama-server exits at once, unless an HTTP handler waits on a task that will never be answered
-# (a slot action on an ik built without engines.IK_PATCHES): then it never exits, and waiting longer only
+# (a slot action on an ik built without embedded/ik_patches.py): then it never exits, and waiting longer only
 # delays the kill.
 STOP_GRACE_S: dict[LaneName, float] = {"cpu": 5.0, "gpu": 20.0}
 
@@ -93,7 +93,7 @@ IK_DEFAULTS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
 
 # HTTP handler threads beyond one per slot: the pollers (bandwidth governor, Prometheus, the observatory),
 # health checks and slot actions. Both servers default to max(slots + 2, cores - 1): on 2 cores that is 4,
-# and an ik built without engines.IK_PATCHES never frees the handler of a slot action whose answer it
+# and an ik built without embedded/ik_patches.py never frees the handler of a slot action whose answer it
 # dropped, so two such losses left a 2-slot server running one completion at a time beside a poller. The
 # embedded ik has the fixes; the spares keep a user's own build of the engine from losing a slot that way.
 SPARE_HTTP_THREADS = 8

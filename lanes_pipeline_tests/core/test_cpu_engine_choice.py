@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.embedded import engines
+from lanes_pipeline.embedded import engines, ik_patches
 from lanes_pipeline.embedded.servers import llama_server_command
 from lanes_pipeline.errors import EmbeddedStartError
 from lanes_pipeline.settings import ConfigError, CpuLane, EmbeddedCpuServer, load_settings
@@ -35,10 +35,10 @@ def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Pa
     expected text at fewer places (another sdist) stops the build naming the file. The failed-build test
     applies them to the real sdist."""
     paths = {"src/llama.cpp", "examples/server/server.cpp", "examples/server/server-context.cpp"}
-    assert {p.path for p in engines.IK_PATCHES} == paths
+    assert {p.path for p in ik_patches.IK_PATCHES} == paths
     log = tmp_path / "install.log"
     sources: dict[str, str] = {}
-    for number, patch in enumerate(engines.IK_PATCHES):
+    for number, patch in enumerate(ik_patches.IK_PATCHES):
         handlers = [
             f"static int f{number}_{i}() {{\n    for (;;) {{\n{patch.old}\n    }}\n}}\n"
             for i in range(patch.occurrences)
@@ -47,8 +47,8 @@ def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Pa
     for path, text in sources.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
-    engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
-    for patch in engines.IK_PATCHES:
+    ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
+    for patch in ik_patches.IK_PATCHES:
         patched = (tmp_path / patch.path).read_text()
         assert patched.count(patch.new) == patch.occurrences and patch.old not in patched
     assert "break;" not in (tmp_path / "src/llama.cpp").read_text()
@@ -57,16 +57,16 @@ def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Pa
     assert server.count("add_waiting_task_id(id_task);\n        ctx_server.queue_tasks.post") == 7
     # every failed slot action answers with the kind of result its handler waits for
     assert "send_error" not in (tmp_path / "examples/server/server-context.cpp").read_text()
-    snapshot = {p.path: (tmp_path / p.path).read_text() for p in engines.IK_PATCHES}
-    engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
-    assert {p.path: (tmp_path / p.path).read_text() for p in engines.IK_PATCHES} == snapshot
-    server_patch = engines.IK_PATCHES[1]
+    snapshot = {p.path: (tmp_path / p.path).read_text() for p in ik_patches.IK_PATCHES}
+    ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
+    assert {p.path: (tmp_path / p.path).read_text() for p in ik_patches.IK_PATCHES} == snapshot
+    server_patch = ik_patches.IK_PATCHES[1]
     (tmp_path / server_patch.path).write_text(server_patch.old * (server_patch.occurrences - 1))
     with pytest.raises(EmbeddedStartError, match=r"server\.cpp .*occurs 6 times, expected 7"):
-        engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
+        ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
     (tmp_path / "src/llama.cpp").write_text("int other_version;\n")
     with pytest.raises(EmbeddedStartError, match=f"cannot apply the patch to {tmp_path / 'src/llama.cpp'}"):
-        engines.apply_source_patches(tmp_path, engines.IK_PATCHES, log)
+        ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
     assert '"patches"' in engines.IK_BUILD.stamp()  # a new patch rebuilds a cached server
 
 

@@ -201,7 +201,7 @@ def peak_processing(url: str) -> float:
 def test_a_failed_slot_action_is_answered_and_takes_no_handler_from_ik(settings: Settings) -> None:
     """ik 0.1.5 sent a failed slot action's error where its handler does not wait: never answered, the HTTP
     thread lost, and on 2 cores its own 4 handlers then ran one completion at a time beside a poller. The
-    embedded build answers it (engines.IK_PATCHES); checked with ik's own 4 handlers, not the spares the
+    embedded build answers it (embedded/ik_patches.py); checked with ik's own 4 handlers, not the spares the
     embedded server keeps."""
     ik = settings_with_cpu_engine(settings, "ik_llama")
     own_handlers = settings_with_cpu_lane(ik, embedded=EmbeddedCpuServer(extra_args=["--threads-http", "4"]))

@@ -22,7 +22,7 @@ every slot first (the source's prefix is in the file), so the files are restored
 ik_llama.cpp 0.1.5 as released can leave a slot action unanswered for good, and its HTTP thread with it:
 its handlers register for the answer after posting the task (an answer sent in between is dropped), and a
 failed action's error goes where the handler does not wait. The embedded build fixes both
-(`embedded.engines.IK_PATCHES`); on a server built without the fixes each action is bounded and the
+(`embedded/ik_patches.py`); on a server built without the fixes each action is bounded and the
 first that fails turns copying off for the rest of the batch.
 """
 
