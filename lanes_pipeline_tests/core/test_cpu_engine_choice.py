@@ -60,7 +60,7 @@ def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Pa
     snapshot = {p.path: (tmp_path / p.path).read_text() for p in ik_patches.IK_PATCHES}
     ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
     assert {p.path: (tmp_path / p.path).read_text() for p in ik_patches.IK_PATCHES} == snapshot
-    server_patch = ik_patches.IK_PATCHES[1]
+    server_patch = next(p for p in ik_patches.IK_PATCHES if p.path == "examples/server/server.cpp")
     (tmp_path / server_patch.path).write_text(server_patch.old * (server_patch.occurrences - 1))
     with pytest.raises(EmbeddedStartError, match=r"server\.cpp .*occurs 6 times, expected 7"):
         ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
