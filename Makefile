@@ -37,13 +37,16 @@ browser: $(STAMPS)/venv
 # The suite runs the CPU lane on ik_llama.cpp (the default) and a compatibility subset on upstream llama-server.
 # `make test` is the fast tier (every promise against the real servers); `make test-all` adds the `slow`
 # tier (demonstrations and registry downloads) and is what CI runs. PYTEST_ARGS passes more, e.g. -k NAME.
+# TEST_WORKERS pytest-xdist workers: the tests on the real servers share one (the servers start once), the
+# others spread over all of them (lanes_pipeline_tests/server_worker.py); TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: $(STAMPS)/venv browser
 	$(BIN)/lanes setup --all-cpu-engines
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 test-all: $(STAMPS)/venv browser
 	$(BIN)/lanes setup --all-cpu-engines
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 dev: setup
 	$(BIN)/lanes dev

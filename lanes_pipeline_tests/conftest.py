@@ -23,6 +23,7 @@ import pytest
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer, LaneName, build_server
 from lanes_pipeline.settings import CpuEngineName, Settings, load_settings
+from lanes_pipeline_tests import server_worker
 
 # The fixtures that give a test a real lane's server (directly or through the fixtures that use them).
 LANE_FIXTURES: dict[LaneName, frozenset[str]] = {
@@ -53,6 +54,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(LANE_MARKS[lane])
         if REGISTRY_FIXTURES & fixture_names:
             item.add_marker("slow")
+    server_tests = [
+        item.nodeid for item in items if any(item.get_closest_marker(m) for m in LANE_MARKS.values())
+    ]
+    server_worker.record_server_tests(config, server_tests)
+
+
+# Under pytest-xdist (`make test` runs -n 2) the server tests share one worker (server_worker.py).
+def pytest_configure(config: pytest.Config) -> None:
+    server_worker.configure_controller(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server_worker.unconfigure(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    server_worker.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    return server_worker.make_scheduler(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
 """The suite's tiers cannot drift: lane marks come from the fixtures a test uses, a hand-written one is
 refused, a test that starts a lane's server without saying so fails, and a registry-downloading fixture puts
-its tests in the slow tier. Each case runs the project's conftest hooks in a scratch pytest session."""
+its tests in the slow tier; under pytest-xdist the server tests share one worker. Each case runs the
+project's conftest hooks in a scratch pytest session."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline_tests.conftest import _servers_started_are_declared, pytest_collection_modifyitems
+from lanes_pipeline_tests.conftest import (
+    _servers_started_are_declared,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_configure_node,
+    pytest_unconfigure,
+    pytest_xdist_make_scheduler,
+)
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +83,39 @@ def test_a_test_is_marked_with_the_lane_its_fixtures_start(session: pytest.Pytes
     fast = session.runpytest("--collect-only", "-q", "-m", "not slow")
     fast.stdout.fnmatch_lines(["*2/3 tests collected (1 deselected)*"])
     assert "test_downloads" not in fast.stdout.str()
+
+
+# Each test writes which xdist worker ran it; a server test takes a moment, as a real one does.
+RECORDING_TEST = """
+import os
+import time
+from pathlib import Path
+
+
+def test_server_{n}(cpu_engine):
+    time.sleep(0.5)
+    Path({ran!r}, "server_{n}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+
+def test_pure_{n}():
+    Path({ran!r}, "pure_{n}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+
+def test_under_xdist_the_server_tests_share_one_worker_and_the_others_use_both(
+    session: pytest.Pytester,
+) -> None:
+    folder = session.mkdir("ran")
+    for n in range(4):
+        session.makepyfile(**{f"test_module_{n}": RECORDING_TEST.format(n=n, ran=str(folder))})
+    result = session.runpytest_subprocess("-n", "2", "-p", "xdist")
+    result.assert_outcomes(passed=8)
+    ran = {path.name: path.read_text() for path in folder.iterdir()}
+    assert len(ran) == 8, ran
+    server_workers = {worker for name, worker in ran.items() if name.startswith("server")}
+    pure_workers = {worker for name, worker in ran.items() if name.startswith("pure")}
+    assert len(server_workers) == 1, ran  # one llama-server and one vLLM, not one per worker
+    assert pure_workers - server_workers, ran  # the tests that need no server ran beside them
 
 
 def test_a_lane_mark_written_by_hand_is_refused(session: pytest.Pytester) -> None:
