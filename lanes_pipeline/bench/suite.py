@@ -3,9 +3,10 @@
 The embedded engines are first installed into an empty engines folder (`LANES_ENGINES_DIR`), as on a cold
 machine: `lanes setup --all-cpu-engines`, what `make test` runs before pytest (the `.venv` is this
 checkout's and pip's download cache may be warm; `make .stamps/venv` is not timed here). Then the fast tier
-(`pytest -m "not slow"`, `make test`) and the slow tier (`pytest -m slow`) run one after the other on those
-engines, from this checkout, each writing a JUnit report that is read back for its counts, its test time
-(pytest's own session time) and its slowest tests. `make test-all` (CI's command) runs both tiers in one
+(`pytest -n 2 -m "not slow"`, `make test`) and the slow tier (`pytest -n 2 -m slow`) run one after the other
+on those engines, from this checkout, with `make test`'s two xdist workers (the server tests share one), each
+writing a JUnit report that is read back for its counts, its test time (pytest's own session time, from
+start to end) and its slowest tests. `make test-all` (CI's command) runs both tiers in one
 session: its test time is about their sum, less one start of the session's servers.
 
 Targets: the fast tier within 900 s of test time on 2 cores; a cold `make test` (installs included) within
@@ -30,6 +31,7 @@ from lanes_pipeline.settings import Settings
 
 Tier = Literal["fast", "slow"]
 TIER_SELECTION: dict[Tier, str] = {"fast": "not slow", "slow": "slow"}
+TEST_WORKERS = "2"  # the Makefile's TEST_WORKERS
 FAST_TIER_TARGET_S = 900.0
 COLD_MAKE_TEST_TARGET_S = 35 * 60.0
 CI_LIMIT_S = 90 * 60.0
@@ -143,8 +145,8 @@ def markdown(out: dict[str, Any]) -> str:
     ]
     for run in (fast, slow):
         lines.append(
-            f'| {run.tier} | `-m "{run.selection}"` | {run.tests} | {run.passed} | {run.failed} | '
-            f"{run.errors} | {run.skipped} | {run.test_s:.0f} s |"
+            f'| {run.tier} | `-n {TEST_WORKERS} -m "{run.selection}"` | {run.tests} | {run.passed} | '
+            f"{run.failed} | {run.errors} | {run.skipped} | {run.test_s:.0f} s |"
         )
     lines += [
         "",
@@ -168,7 +170,8 @@ def markdown(out: dict[str, Any]) -> str:
 
 
 def run_tier(tier: Tier, root: Path, env: dict[str, str], report: Path) -> TierRun:
-    command = [sys.executable, "-m", "pytest", "-m", TIER_SELECTION[tier], f"--junitxml={report}", "-q"]
+    selection = ["-n", TEST_WORKERS, "-m", TIER_SELECTION[tier]]
+    command = [sys.executable, "-m", "pytest", *selection, f"--junitxml={report}", "-q"]
     print(f"[bench] suite: {tier} tier: {' '.join(command[1:])}", flush=True)
     result = subprocess.run(command, cwd=root, env=env, check=False)
     return read_junit(report, tier, result.returncode)

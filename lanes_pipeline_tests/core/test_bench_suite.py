@@ -1,5 +1,5 @@
-"""The suite benchmark's reading of pytest's JUnit report (a real one, from a scratch pytest session) and its
-keys beside the targets."""
+"""The suite benchmark's reading of pytest's JUnit report (a real one, from a scratch pytest session on two
+xdist workers, as the benchmark runs the tiers) and its keys beside the targets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.bench.suite import FAST_TIER_TARGET_S, markdown, read_junit, summary
+from lanes_pipeline.bench.suite import FAST_TIER_TARGET_S, TEST_WORKERS, markdown, read_junit, summary
 
 pytest_plugins = ["pytester"]
 
@@ -39,7 +39,7 @@ def junit(pytester: pytest.Pytester) -> Path:
         """
     )
     report = pytester.path / "report.xml"
-    pytester.runpytest(f"--junitxml={report}", "-p", "no:cacheprovider")
+    pytester.runpytest_subprocess(f"--junitxml={report}", "-p", "no:cacheprovider", "-n", TEST_WORKERS)
     return report
 
 
@@ -63,7 +63,7 @@ def test_keys_say_whether_the_targets_are_met_and_whether_all_passed(junit: Path
     assert out["cold_make_test_s"] == 600.0 + clean.test_s
     assert out["all_tiers_test_s"] == 2 * clean.test_s
     assert not summary(600.0, clean, failing)["all_passed"]
-    assert '| fast | `-m "not slow"` | 5 |' in markdown(out)
+    assert '| fast | `-n 2 -m "not slow"` | 5 |' in markdown(out)
     assert "- Failed in the fast tier: `test_sample.py::test_broken`" in markdown(out)
 
 
