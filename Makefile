@@ -38,8 +38,9 @@ browser: $(STAMPS)/venv
 # `make test` is the fast tier (every promise against the real servers); `make test-all` adds the `slow`
 # tier (demonstrations and registry downloads) and is what CI runs. PYTEST_ARGS passes more, e.g. -k NAME.
 # TEST_WORKERS pytest-xdist workers: the tests on the real servers share one (the servers start once), the
-# others spread over all of them (lanes_pipeline_tests/server_worker.py); TEST_WORKERS=0 runs in one process.
-TEST_WORKERS ?= 2
+# others spread over all of them; by default 2 on 4 cores or more, else 0 (one process): on 2 cores the
+# other worker slows the server tests by as much as it saves (lanes_pipeline_tests/server_worker.py).
+TEST_WORKERS ?= $(shell $(BIN)/python -m lanes_pipeline_tests.server_worker)
 test: $(STAMPS)/venv browser
 	$(BIN)/lanes setup --all-cpu-engines
 	$(BIN)/pytest -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)

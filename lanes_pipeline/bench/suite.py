@@ -3,8 +3,8 @@
 The embedded engines are first installed into an empty engines folder (`LANES_ENGINES_DIR`), as on a cold
 machine: `lanes setup --all-cpu-engines`, what `make test` runs before pytest (the `.venv` is this
 checkout's and pip's download cache may be warm; `make .stamps/venv` is not timed here). Then the fast tier
-(`pytest -n 2 -m "not slow"`, `make test`) and the slow tier (`pytest -n 2 -m slow`) run one after the other
-on those engines, from this checkout, with `make test`'s two xdist workers (the server tests share one), each
+(`pytest -m "not slow"`, `make test`) and the slow tier (`pytest -m slow`) run one after the other on those
+engines, from this checkout, with `make test`'s xdist workers (TEST_WORKERS; by default none on 2 cores), each
 writing a JUnit report that is read back for its counts, its test time (pytest's own session time, from
 start to end) and its slowest tests. `make test-all` (CI's command) runs both tiers in one
 session: its test time is about their sum, less one start of the session's servers.
@@ -31,7 +31,6 @@ from lanes_pipeline.settings import Settings
 
 Tier = Literal["fast", "slow"]
 TIER_SELECTION: dict[Tier, str] = {"fast": "not slow", "slow": "slow"}
-TEST_WORKERS = "2"  # the Makefile's TEST_WORKERS
 FAST_TIER_TARGET_S = 900.0
 COLD_MAKE_TEST_TARGET_S = 35 * 60.0
 CI_LIMIT_S = 90 * 60.0
@@ -53,6 +52,7 @@ class TierRun(BaseModel):
 
     tier: Tier
     selection: str
+    workers: int = 0  # pytest-xdist workers (0: one process)
     exit_code: int
     test_s: float  # pytest's session time (setup and teardown of every test included)
     tests: int
@@ -145,7 +145,7 @@ def markdown(out: dict[str, Any]) -> str:
     ]
     for run in (fast, slow):
         lines.append(
-            f'| {run.tier} | `-n {TEST_WORKERS} -m "{run.selection}"` | {run.tests} | {run.passed} | '
+            f'| {run.tier} | `-n {run.workers} -m "{run.selection}"` | {run.tests} | {run.passed} | '
             f"{run.failed} | {run.errors} | {run.skipped} | {run.test_s:.0f} s |"
         )
     lines += [
@@ -169,12 +169,21 @@ def markdown(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def xdist_workers(root: Path, env: dict[str, str]) -> int:
+    """The xdist workers `make test` uses here: TEST_WORKERS if set, else the suite's own default."""
+    if env.get("TEST_WORKERS"):
+        return int(env["TEST_WORKERS"])
+    default = [sys.executable, "-m", "lanes_pipeline_tests.server_worker"]
+    return int(subprocess.run(default, cwd=root, env=env, capture_output=True, text=True, check=True).stdout)
+
+
 def run_tier(tier: Tier, root: Path, env: dict[str, str], report: Path) -> TierRun:
-    selection = ["-n", TEST_WORKERS, "-m", TIER_SELECTION[tier]]
+    workers = xdist_workers(root, env)
+    selection = ["-n", str(workers), "-m", TIER_SELECTION[tier]]
     command = [sys.executable, "-m", "pytest", *selection, f"--junitxml={report}", "-q"]
     print(f"[bench] suite: {tier} tier: {' '.join(command[1:])}", flush=True)
     result = subprocess.run(command, cwd=root, env=env, check=False)
-    return read_junit(report, tier, result.returncode)
+    return read_junit(report, tier, result.returncode).model_copy(update={"workers": workers})
 
 
 def run(settings: Settings) -> dict[str, Any]:

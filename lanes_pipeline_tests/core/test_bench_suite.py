@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.bench.suite import FAST_TIER_TARGET_S, TEST_WORKERS, markdown, read_junit, summary
+from lanes_pipeline.bench.suite import FAST_TIER_TARGET_S, markdown, read_junit, summary
 
 pytest_plugins = ["pytester"]
 
@@ -39,7 +39,7 @@ def junit(pytester: pytest.Pytester) -> Path:
         """
     )
     report = pytester.path / "report.xml"
-    pytester.runpytest_subprocess(f"--junitxml={report}", "-p", "no:cacheprovider", "-n", TEST_WORKERS)
+    pytester.runpytest_subprocess(f"--junitxml={report}", "-p", "no:cacheprovider", "-n", "2")
     return report
 
 
@@ -63,7 +63,9 @@ def test_keys_say_whether_the_targets_are_met_and_whether_all_passed(junit: Path
     assert out["cold_make_test_s"] == 600.0 + clean.test_s
     assert out["all_tiers_test_s"] == 2 * clean.test_s
     assert not summary(600.0, clean, failing)["all_passed"]
-    assert '| fast | `-n 2 -m "not slow"` | 5 |' in markdown(out)
+    assert '| fast | `-n 0 -m "not slow"` | 5 |' in markdown(out)
+    two_workers = summary(600.0, clean.model_copy(update={"workers": 2}), clean)
+    assert '| fast | `-n 2 -m "not slow"` | 5 |' in markdown(two_workers)
     assert "- Failed in the fast tier: `test_sample.py::test_broken`" in markdown(out)
 
 

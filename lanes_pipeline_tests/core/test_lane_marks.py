@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from lanes_pipeline_tests.server_worker import default_workers
+
 pytest_plugins = ["pytester"]
 
 # The project's hooks and fixtures, with the engine fixtures replaced: these sessions start no server.
@@ -14,6 +16,8 @@ CONFTEST = """
 from pathlib import Path
 
 import pytest
+
+from lanes_pipeline_tests.server_worker import default_workers
 
 from lanes_pipeline_tests.conftest import (
     _servers_started_are_declared,
@@ -46,6 +50,8 @@ markers =
 # with the server's own error.
 START_A_CPU_SERVER = """
 import pytest
+
+from lanes_pipeline_tests.server_worker import default_workers
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer, ServerCommand
 from lanes_pipeline.errors import EmbeddedStartError
@@ -162,3 +168,8 @@ def test_starts_a_stand_in_that_is_no_engine(tmp_path):
     result = session.runpytest_subprocess("-q")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*test_starts_unannounced starts the cpu lane's engine (*engine) but*"])
+
+
+def test_make_test_runs_one_process_on_2_cores_and_two_workers_on_4_or_more() -> None:
+    # On 2 cores a second worker took from the server tests what it saved (1032 vs 1078 s).
+    assert [default_workers(cores) for cores in (1, 2, 3, 4, 16)] == [0, 0, 0, 2, 2]
