@@ -41,6 +41,7 @@ REGISTRY_FIXTURES = frozenset({"real_package_repo"})
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test marked with the lanes its fixtures start; a lane mark written by hand is refused (it is
     what drifted: server tests unmarked, pure tests marked)."""
+    server_tests = []
     for item in items:
         by_hand = sorted({mark.name for mark in item.iter_markers() if mark.name in LANE_MARKS.values()})
         if by_hand:
@@ -49,18 +50,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"test uses (request cpu_engine / gpu_engine to start a server of its own)"
             )
         fixture_names = set(getattr(item, "fixturenames", ()))
-        for lane, fixtures in LANE_FIXTURES.items():
-            if fixtures & fixture_names:
-                item.add_marker(LANE_MARKS[lane])
+        lanes = [lane for lane, fixtures in LANE_FIXTURES.items() if fixtures & fixture_names]
+        for lane in lanes:
+            item.add_marker(LANE_MARKS[lane])
+        if lanes:
+            server_tests.append(item.nodeid)
         if REGISTRY_FIXTURES & fixture_names:
             item.add_marker("slow")
-    server_tests = [
-        item.nodeid for item in items if any(item.get_closest_marker(m) for m in LANE_MARKS.values())
-    ]
     server_worker.record_server_tests(config, server_tests)
 
 
-# Under pytest-xdist (`make test` runs -n 2) the server tests share one worker (server_worker.py).
+# Under pytest-xdist (`make test` on 4 cores or more) the server tests share one worker (server_worker.py).
 def pytest_configure(config: pytest.Config) -> None:
     server_worker.configure_controller(config)
 

@@ -1,5 +1,5 @@
-"""With pytest-xdist (`make test` runs `-n 2`): every test that uses a real lane server on one worker, the
-tests that need none spread over all workers.
+"""With pytest-xdist (`make test` runs `-n 2` on 4 cores or more): every test that uses a real lane server
+on one worker, the tests that need none spread over all workers.
 
 The servers are session fixtures: a second worker running server tests would start a second llama-server
 and a second vLLM on the same two cores. The tests that need no server (most of the suite by count, about a
