@@ -37,9 +37,9 @@ browser: $(STAMPS)/venv
 # The suite runs the CPU lane on ik_llama.cpp (the default) and a compatibility subset on upstream llama-server.
 # `make test` is the fast tier (every promise against the real servers); `make test-all` adds the `slow`
 # tier (demonstrations and registry downloads) and is what CI runs. PYTEST_ARGS passes more, e.g. -k NAME.
-# TEST_WORKERS pytest-xdist workers: the tests on the real servers share one (the servers start once), the
-# others spread over all of them; by default 2 on 4 cores or more, else 0 (one process): on 2 cores the
-# other worker slows the server tests by as much as it saves (lanes_pipeline_tests/server_worker.py).
+# TEST_WORKERS pytest-xdist workers (by default 2; 0 is one process): the tests on the real servers share one
+# (the servers start once), the others spread over all of them; on fewer than 4 cores the others run first
+# and the server tests after them, alone (lanes_pipeline_tests/server_worker.py).
 TEST_WORKERS ?= $(shell $(BIN)/python -m lanes_pipeline_tests.server_worker)
 test: $(STAMPS)/venv browser
 	$(BIN)/lanes setup --all-cpu-engines

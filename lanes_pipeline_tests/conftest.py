@@ -60,7 +60,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     server_worker.record_server_tests(config, server_tests)
 
 
-# Under pytest-xdist (`make test` on 4 cores or more) the server tests share one worker (server_worker.py).
+# Under pytest-xdist (`make test`) the server tests share one worker (server_worker.py).
+def pytest_addoption(parser: pytest.Parser) -> None:
+    server_worker.add_option(parser)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     server_worker.configure_controller(config)
 

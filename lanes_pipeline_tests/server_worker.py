@@ -1,15 +1,20 @@
-"""With pytest-xdist (`make test` runs `-n 2` on 4 cores or more): every test that uses a real lane server
-on one worker, the tests that need none spread over all workers.
+"""With pytest-xdist (`make test` runs two workers): every test that uses a real lane server on one
+worker, the tests that need none spread over all workers.
 
 The servers are session fixtures: a second worker running server tests would start a second llama-server
-and a second vLLM on the same two cores. The tests that need no server (most of the suite by count, about a
-fifth of its time) use about one core, so they run beside the server tests instead of after them.
+and a second vLLM on the same cores. When the server tests run is the cores' question: on 4 cores or more
+they start at once and the others run beside them (`--server-tests=first`); on fewer, the others run first,
+over both workers, and the server tests after them, alone (`--server-tests=last`): beside them on 2 cores the
+other worker took the server tests' cores (the fast tier went from 1078 to 1032 s of test time, the server
+tests from 845 to 1022 s), while the tests that need no server took 226 s in one process and 134 s on two
+workers with nothing beside them.
 
 Which tests use a server is known only after collection on a worker (the lane marks come from the fixtures a
 test uses, conftest.py), and xdist's controller sees only node ids. So each worker writes the node ids of its
 server tests to a file the controller named (`pytest_configure_node`), and the controller's scheduler reads
 it when it splits the collection into work units: one unit for every server test, one per module for the
-rest. xdist hands the largest unit out first and the others as workers run dry.
+rest. xdist hands the largest units out first and the others as workers run dry; the server unit goes
+first or last.
 """
 
 from __future__ import annotations
@@ -26,6 +31,23 @@ import pytest
 SERVER_UNIT = "tests on the real lane servers"
 WORKER_KEY = "lanes_server_tests_folder"  # in each worker's xdist `workerinput`
 FOLDER_KEY = pytest.StashKey[Path]()
+ORDER_OPTION = "--server-tests"
+ORDERS = ("auto", "first", "last")
+
+
+def add_option(parser: pytest.Parser) -> None:
+    parser.addoption(
+        ORDER_OPTION,
+        choices=ORDERS,
+        default="auto",
+        help="under xdist, run the tests on the real lane servers first (the others beside them) or last "
+        "(the others first, over every worker); auto: first on 4 cores or more (server_worker.py)",
+    )
+
+
+def server_tests_first(cores: int | None = None) -> bool:
+    """`--server-tests=auto`: first where the tests that need no server have cores of their own."""
+    return (cores or os.cpu_count() or 1) >= 4
 
 
 def configure_controller(config: pytest.Config) -> None:
@@ -66,6 +88,8 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     folder = config.stash[FOLDER_KEY]
+    order = config.getoption(ORDER_OPTION, "auto")
+    first = server_tests_first() if order == "auto" else order == "first"
 
     class ServerTestsOnOneWorker(LoadScopeScheduling):
         server_tests: frozenset[str] | None = None
@@ -74,6 +98,11 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
             if self.server_tests is None:
                 self.server_tests = read_server_tests(folder)
             return SERVER_UNIT if nodeid in self.server_tests else super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if SERVER_UNIT in self.workqueue:
+                self.workqueue.move_to_end(SERVER_UNIT, last=not first)
+            super()._assign_work_unit(node)
 
     return ServerTestsOnOneWorker(config, log)
 
@@ -90,10 +119,8 @@ def read_server_tests(folder: Path) -> frozenset[str]:
 
 
 def default_workers(cores: int | None = None) -> int:
-    """`make test`'s xdist workers: two where the tests that need no server have cores of their own, none
-    (one process) on fewer than 4 cores. On 2 cores they took those cores from the server tests: the fast tier
-    went from 1078 to 1032 s of test time, the server tests from 845 to 1022 s."""
-    return 2 if (cores or os.cpu_count() or 1) >= 4 else 0
+    """`make test`'s xdist workers: two wherever there are two cores (one process on one)."""
+    return 2 if (cores or os.cpu_count() or 1) >= 2 else 0
 
 
 if __name__ == "__main__":  # the Makefile's TEST_WORKERS

@@ -4,7 +4,7 @@ The embedded engines are first installed into an empty engines folder (`LANES_EN
 machine: `lanes setup --all-cpu-engines`, what `make test` runs before pytest (the `.venv` is this
 checkout's and pip's download cache may be warm; `make .stamps/venv` is not timed here). Then the fast tier
 (`pytest -m "not slow"`, `make test`) and the slow tier (`pytest -m slow`) run one after the other on those
-engines, from this checkout, with `make test`'s xdist workers (TEST_WORKERS; by default none on 2 cores), each
+engines, from this checkout, with `make test`'s xdist workers (TEST_WORKERS; by default two), each
 writing a JUnit report that is read back for its counts, its test time (pytest's own session time, from
 start to end) and its slowest tests. `make test-all` (CI's command) runs both tiers in one
 session: its test time is about their sum, less one start of the session's servers.
