@@ -411,3 +411,60 @@ def corpus() -> list[HostileAnswer]:
     if duplicates:
         raise ValueError(f"hostile corpus: names used twice: {duplicates}")
     return entries
+
+
+# The fast tier's part of the corpus (`make test`; `make test-all` runs the whole): every analysis and every
+# diff, and of the tests and docstrings one answer for each kind of attack, so each stage's part fits one
+# sample per symbol (15 requests). Docstrings aimed at a symbol are preferred (the sandbox runs their
+# payload), one per symbol. Left out here, and made in another stage of the part: the tests' delete_files
+# (a docstring and a diff delete), the docstrings' absolute_path (an analysis and a diff) and no_target
+# (three tests).
+FAST_PART = frozenset(
+    {
+        *(name for name, *_ in ANALYSES),
+        *(row[0] for _, row in DIFFS),
+        "c_analysis",
+        "c_diff",
+        # tests: one per kind
+        "c_test",
+        "t_ctypes_arg",
+        "t_eval_arg",
+        "t_fork_line",
+        "t_huge_literal",
+        "t_loop_line",
+        "t_memory_list",
+        "t_socket_arg",
+        "t_no_target_assert",
+        "t_read_traversal",
+        "t_os_system_line",
+        "t_injection_comment",
+        "t_read_secret",
+        "t_aws_key",
+        "t_write_outside",
+        # docstrings: one per kind, aimed where the corpus has one
+        "c_docstring",
+        "d_ctypes",
+        "d_factorial_unlink",
+        "d_eval",
+        "d_is_prime_fork",
+        "d_digit_sum_huge",
+        "d_lcm_loop",
+        "d_memory",
+        "d_gcd_socket_hidden",
+        "d_traversal",
+        "d_mean_system",
+        "d_injection_args",
+        "d_read_secret",
+        "d_aws_key",
+        "d_clamp_write_home",
+    }
+)
+
+
+def fast_part() -> list[HostileAnswer]:
+    """The fast tier's entries (FAST_PART), in corpus order."""
+    entries = [e for e in corpus() if e.name in FAST_PART]
+    missing = sorted(FAST_PART - {e.name for e in entries})
+    if missing:
+        raise ValueError(f"hostile corpus: FAST_PART names no entry: {missing}")
+    return entries

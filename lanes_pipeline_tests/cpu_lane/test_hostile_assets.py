@@ -3,7 +3,9 @@
 The embedded llama-server (the session's `cpu_server`) answers every request of one day of the assets with
 an entry of the hostile corpus (hostile_corpus.py: at least 100 answers), made exact by a grammar that
 matches only that text (hostile_lane.py). The day runs on the sample repository's day 1 (15 symbols: one
-analysis and one refactor each, three test and three docstring samples each: 120 requests). Then:
+analysis and one refactor each, and of tests and docstrings three samples each for the whole corpus, 120
+requests, or one each for the fast tier's part, 60: every kind of attack in some stage, every analysis and
+diff, `hostile_corpus.FAST_PART`). Then:
 
 - `escaped` counts hostile effects seen outside the sandbox: a canary file written on the host (under
   /tmp, /root, /etc or beside a sandbox), the victim file deleted or changed, the planted secret's token in
@@ -14,8 +16,8 @@ analysis and one refactor each, three test and three docstring samples each: 120
 All three must be 0, every entry must have been sent and come back exactly, and no request may have gone
 unmatched. The positive control: each stage's one harmless answer (the corpus' `control` entries) must be
 accepted and reach the dataset, so an empty dataset cannot pass for a safe one. The model emits only what
-the grammar forces, so the day takes the time of its ~120 short answers and the sandbox runs of what parsed
-(a few minutes on two busy cores).
+the grammar forces, so the day takes the time of its short answers and the sandbox runs of what parsed
+(about 100 s for the fast part and 175 s for the whole on two cores).
 """
 
 from __future__ import annotations
@@ -48,12 +50,14 @@ from lanes_pipeline.settings import CpuLane, Settings, load_settings
 from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.cpu_lane.hostile_corpus import (
     CANARY_PREFIX,
+    FAST_PART,
     HOME_CANARY,
     LISTEN_PORT,
     SECRET_FILE,
     VICTIM,
     Stage,
     corpus,
+    fast_part,
 )
 from lanes_pipeline_tests.cpu_lane.hostile_lane import HostileCpuLane, HostileDeliveries
 
@@ -61,6 +65,8 @@ from lanes_pipeline_tests.cpu_lane.hostile_lane import HostileCpuLane, HostileDe
 pytestmark = pytest.mark.timeout(3600)
 
 DAY = "2026-11-01"
+# The corpus' parts, with the samples per symbol that give each entry one request of its stage.
+PARTS = {"fast": (fast_part, 1), "whole": (corpus, 3)}
 # Where hostile code aims its writes; none may exist after the run (besides the /tmp prefix).
 OTHER_CANARIES = (HOME_CANARY, "/etc/lanes_hostile_canary")
 
@@ -104,6 +110,7 @@ def _clear_canaries(root: Path) -> None:
 
 @dataclass
 class HostileDay:
+    part: str  # of the corpus: PARTS
     deliveries: HostileDeliveries
     success: bool
     failed_steps: list[str]
@@ -113,7 +120,7 @@ class HostileDay:
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _configure(root: Path, settings: Settings) -> tuple[Path, Path]:
+def _configure(root: Path, settings: Settings, samples_per_item: int) -> tuple[Path, Path]:
     repo = root / "repo"
     build_history(repo, sample_repo.history()[:1])
     config_dir = root / "configs"
@@ -132,7 +139,7 @@ def _configure(root: Path, settings: Settings) -> tuple[Path, Path]:
     pipeline = read_config(config_dir / "pipeline.yaml")
     pipeline["cpu_assets"].update(
         backlog_per_day=15,  # the whole of day 1: every symbol, in every stage
-        samples_per_item=3,
+        samples_per_item=samples_per_item,
         analysis_max_tokens=480,  # room for the longest entry of each stage (tokens <= characters)
         tests_max_tokens=480,
         refactor_max_tokens=480,
@@ -142,18 +149,23 @@ def _configure(root: Path, settings: Settings) -> tuple[Path, Path]:
     return repo, config_dir
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["fast", pytest.param("whole", marks=pytest.mark.slow)])
 def hostile_day(
-    tmp_path_factory: pytest.TempPathFactory, settings: Settings, cpu_server: EmbeddedServer
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    settings: Settings,
+    cpu_server: EmbeddedServer,
 ) -> Iterator[HostileDay]:
-    root = tmp_path_factory.mktemp("hostile")
-    repo, config_dir = _configure(root, settings)
+    """The day of the fast tier's part of the corpus, or (slow tier) of the whole corpus."""
+    entries, samples_per_item = PARTS[request.param]
+    root = tmp_path_factory.mktemp(f"hostile_{request.param}")
+    repo, config_dir = _configure(root, settings, samples_per_item)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout
     _clear_canaries(root)
     token = f"lanes-hostile-secret-{secrets.token_hex(12)}"
     Path(SECRET_FILE).write_text(token + "\n")
     Path(VICTIM).write_text("victim\n")
-    deliveries = HostileDeliveries(entries=corpus())
+    deliveries = HostileDeliveries(entries=entries())
     session = f"hostile-{secrets.token_hex(4)}"
     HostileCpuLane.sessions[session] = deliveries
     store_root = root / "artifacts"
@@ -188,6 +200,7 @@ def hostile_day(
         for e in result.get_asset_materialization_events()
     }
     day = HostileDay(
+        part=request.param,
         deliveries=deliveries,
         success=result.success,
         failed_steps=failed,
@@ -229,7 +242,11 @@ def _files_holding(root: Path, needle: bytes) -> list[str]:
 def test_the_corpus_went_through_the_real_server_exactly(hostile_day: HostileDay) -> None:
     deliveries = hostile_day.deliveries
     names = {e.name for e in deliveries.entries}
-    assert len(names) >= 100
+    if hostile_day.part == "whole":
+        assert len(names) >= 100
+    else:
+        assert names == FAST_PART
+    assert deliveries.repeats == []  # each request got an entry of its own
     assert deliveries.unmatched == []
     assert names - deliveries.delivered() == set()  # every entry was the answer to some request
     wrong = [(d.entry, d.request_id, d.finish_reason) for d in deliveries.deliveries if not d.exact]

@@ -14,7 +14,7 @@ import lanes_pipeline.cpu_lane.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis, extract_block, parse_diff
 from lanes_pipeline.http import ChatMessage, ChatRequest
-from lanes_pipeline_tests.cpu_lane.hostile_corpus import HostileAnswer, corpus
+from lanes_pipeline_tests.cpu_lane.hostile_corpus import HostileAnswer, corpus, fast_part
 from lanes_pipeline_tests.cpu_lane.hostile_lane import (
     UNMATCHED_TEXT,
     HostileDeliveries,
@@ -25,6 +25,8 @@ from lanes_pipeline_tests.cpu_lane.hostile_lane import (
 DAY1 = Path(sample_repo.__file__).parent / "day1"
 # What one day of the assets asks on the sample's day 1: 15 symbols, 3 samples of tests and docstrings.
 REQUESTS_PER_STAGE = {"analysis": 15, "test": 45, "diff": 15, "docstring": 45}
+# ... and with one sample of each (the fast tier's hostile day).
+ONE_SAMPLE_REQUESTS = {"analysis": 15, "test": 15, "diff": 15, "docstring": 15}
 
 
 def test_the_corpus_covers_every_stage_and_kind_of_attack() -> None:
@@ -51,6 +53,16 @@ def test_the_corpus_covers_every_stage_and_kind_of_attack() -> None:
     }
     for stage in REQUESTS_PER_STAGE:
         assert "prompt_injection" in {e.category for e in entries if e.stage == stage}, stage
+
+
+def test_the_fast_part_makes_every_kind_of_attack_and_fits_one_sample_per_symbol() -> None:
+    part = fast_part()
+    assert Counter(e.stage for e in part) == ONE_SAMPLE_REQUESTS  # each entry answers one request
+    assert {e.category for e in part} == {e.category for e in corpus()}
+    assert {e.name for e in part if e.control} == {e.name for e in corpus() if e.control}
+    for stage in ONE_SAMPLE_REQUESTS:  # one request per symbol: two aimed at one symbol could not both go
+        aimed = [e.symbol for e in part if e.stage == stage and e.symbol is not None]
+        assert len(aimed) == len(set(aimed)), stage
 
 
 def test_analyses_are_the_json_the_stage_expects_unless_meant_to_be_broken() -> None:
