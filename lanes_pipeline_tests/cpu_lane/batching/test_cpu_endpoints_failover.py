@@ -57,6 +57,9 @@ class KilledBeforeSending(CpuClient):
         return super().chat_outcome(request)
 
 
+# A drill (two more llama-servers, one killed): the pool's failover rules have fast tests of their own
+# (test_cpu_endpoints.py), and the fast tier kills the session's server mid-batch (test_cpu_faults.py).
+@pytest.mark.slow
 @pytest.mark.usefixtures("cpu_engine")
 def test_a_batch_survives_losing_one_of_two_endpoints(settings: Settings, tmp_path: Path) -> None:
     requests = questions(ITEMS, max_tokens=8, offset=300)
