@@ -58,6 +58,33 @@ IK_PATCHES = (
         why="slot, LoRA and control-vector actions register for their answer before posting the task",
         occurrences=7,
     ),
+    # A request with a grammar (a `json_schema` is one) whose sampler picks an end-of-generation token
+    # before the grammar is complete aborts the whole server (GGML_ABORT in llama_grammar_accept_impl),
+    # dropping every request on it. The sampler applies the grammar, so it picks such a token only from
+    # logits that are all equal or NaN (the first token id wins, `<|endoftext|>` for SmolLM2): seen twice
+    # on 2 busy cores, each the first token after a prompt evaluated on top of part of a slot's cache,
+    # each after "Resampling because token 0 ... does not meet grammar rules". The answer now ends there
+    # instead (the client's parsing rejects the unfinished text, as it does any cut answer), and the server
+    # lives on.
+    SourcePatch(
+        path="src/llama-grammar.cpp",
+        old="""            if (stack.empty()) {
+                return;
+            }
+        }
+        GGML_ABORT("fatal error");
+""",
+        new="""            if (stack.empty()) {
+                return;
+            }
+        }
+        // lanes_pipeline: end this answer unfinished rather than abort the server and every request on it
+        LLAMA_LOG_WARN("%s: end of generation before the grammar was complete: the answer ends here\n",
+                       __func__);
+        return;
+""",
+        why="an end of generation before the grammar is complete ends the answer, not the server",
+    ),
     # A slot action that fails (a slot that does not exist, a restore with no room or no file) is answered
     # with send_error, which queues the new kind of result; the slot handlers wait for the legacy kind, so
     # the failure is never answered and its HTTP thread is lost (every failed restore, measured). The

@@ -34,7 +34,12 @@ def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Pa
     """Each fix goes in at every place it names, once (a resumed build finds it there); a tree with the
     expected text at fewer places (another sdist) stops the build naming the file. The failed-build test
     applies them to the real sdist."""
-    paths = {"src/llama.cpp", "examples/server/server.cpp", "examples/server/server-context.cpp"}
+    paths = {
+        "src/llama.cpp",
+        "src/llama-grammar.cpp",
+        "examples/server/server.cpp",
+        "examples/server/server-context.cpp",
+    }
     assert {p.path for p in ik_patches.IK_PATCHES} == paths
     log = tmp_path / "install.log"
     sources: dict[str, str] = {}
@@ -57,6 +62,8 @@ def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Pa
     assert server.count("add_waiting_task_id(id_task);\n        ctx_server.queue_tasks.post") == 7
     # every failed slot action answers with the kind of result its handler waits for
     assert "send_error" not in (tmp_path / "examples/server/server-context.cpp").read_text()
+    # an end of generation with the grammar unfinished ends the answer; nothing aborts the server
+    assert "GGML_ABORT" not in (tmp_path / "src/llama-grammar.cpp").read_text()
     snapshot = {p.path: (tmp_path / p.path).read_text() for p in ik_patches.IK_PATCHES}
     ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
     assert {p.path: (tmp_path / p.path).read_text() for p in ik_patches.IK_PATCHES} == snapshot

@@ -1,8 +1,8 @@
 """Both embedded CPU engines: ik_llama.cpp's llama-server (the default) and upstream llama.cpp's.
 
 A compatibility subset runs on each engine (the client's reading of the server, a batch re-run that sends
-nothing, file analyses that parse, one day of the CPU-lane assets on upstream: the whole suite runs them on
-ik); then what only ik does: long prompts in both slots at once (its flash-attention kernels aborted the
+nothing, file analyses that parse, and in the slow tier one day of the CPU-lane assets on upstream: the
+whole suite runs them on ik); then what only ik does: long prompts in both slots at once (its flash-attention kernels aborted the
 server on any two concurrent requests, hence `-fa off`), MoE flags passed through, and a flag it rejects
 named in the start error.
 """
@@ -106,6 +106,9 @@ def test_file_analyses_parse_on_each_engine(
         assert item.metrics is not None and not item.metrics.truncated and not item.repaired
 
 
+# The assets' day on upstream: the fast tier runs it on ik (test_cpu_assets.py) and keeps upstream's batch
+# path above (the client's reading of the server, a re-run that sends nothing, analyses that parse).
+@pytest.mark.slow
 def test_one_day_of_cpu_lane_assets_on_upstream(
     cpu_server_upstream: EmbeddedServer, settings: Settings, tmp_path: Path
 ) -> None:
