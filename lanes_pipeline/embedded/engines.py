@@ -13,6 +13,7 @@ vLLM's do not constrain the project's.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -320,12 +321,14 @@ def _unpack_sdist(build: IkBuild, log: IO[str], log_path: Path) -> Path:
             f"pip downloaded no sdist of {build.requirement} into {sdist_dir}", log_path, ""
         )
     marker = src_dir / ".lanes-unpacked"
-    # Unpacked already (a stopped build resumes): keep the tree, whose objects are in the build folder.
-    if not (marker.is_file() and marker.read_text() == archives[-1].name):
+    # Unpacked already for this build (a stopped build resumes): keep the tree, whose objects are in the build
+    # folder. Changed patches need the tree as the sdist ships it: the patches find their text there only.
+    unpacked_as = f"{archives[-1].name} {hashlib.sha256(build.stamp().encode()).hexdigest()[:16]}"
+    if not (marker.is_file() and marker.read_text() == unpacked_as):
         shutil.rmtree(src_dir, ignore_errors=True)
         with tarfile.open(archives[-1]) as archive:
             archive.extractall(src_dir, filter="data")
-        marker.write_text(archives[-1].name)
+        marker.write_text(unpacked_as)
     trees = sorted(src_dir.glob(IK_SOURCE_GLOB))
     if not trees:
         raise EmbeddedStartError(f"{archives[-1]} has no {IK_SOURCE_GLOB}", log_path, "")

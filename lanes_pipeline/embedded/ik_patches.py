@@ -79,7 +79,7 @@ IK_PATCHES = (
             }
         }
         // lanes_pipeline: end this answer unfinished rather than abort the server and every request on it
-        LLAMA_LOG_WARN("%s: end of generation before the grammar was complete: the answer ends here\n",
+        LLAMA_LOG_WARN("%s: end of generation before the grammar was complete: the answer ends here\\n",
                        __func__);
         return;
 """,

@@ -3,7 +3,9 @@ upstream llama.cpp's; the server command each gets, the config that selects it, 
 
 from __future__ import annotations
 
+import dataclasses
 import stat
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,32 @@ def fake_engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, P
     monkeypatch.setattr(engines, "cpu_server_binary", lambda engine, data: binaries[engine])
     monkeypatch.setattr(engines, "embedded_gguf", lambda data: tmp_path / "model.gguf")
     return binaries
+
+
+def test_a_changed_patch_set_unpacks_the_sdist_afresh_and_a_resumed_build_keeps_its_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree patched by other patches (an earlier version of the project) lacks the text the new ones look
+    for: it is unpacked again. The same build resumed keeps its tree (and its objects)."""
+    monkeypatch.setenv("LANES_ENGINES_DIR", str(tmp_path / "engines"))
+    monkeypatch.setattr(engines, "_run_logged", lambda *args, **kwargs: None)  # pip download: the sdist is here
+    build = engines.IK_BUILD
+    sdist = build.root() / "sdist"
+    sdist.mkdir(parents=True)
+    source = tmp_path / "pkg" / "ik_llama_cpp_python-0.1.5" / "vendor" / "ik_llama.cpp" / "src"
+    source.mkdir(parents=True)
+    (source / "llama-grammar.cpp").write_text("as shipped\n")
+    with tarfile.open(sdist / "ik_llama_cpp_python-0.1.5.tar.gz", "w:gz") as archive:
+        archive.add(tmp_path / "pkg" / "ik_llama_cpp_python-0.1.5", arcname="ik_llama_cpp_python-0.1.5")
+    log = tmp_path / "install.log"
+    with log.open("w") as handle:
+        tree = engines._unpack_sdist(build, handle, log)
+        (tree / "src" / "llama-grammar.cpp").write_text("patched\n")
+        assert engines._unpack_sdist(build, handle, log) == tree
+        assert (tree / "src" / "llama-grammar.cpp").read_text() == "patched\n"  # resumed: kept
+        changed = dataclasses.replace(build, patches=build.patches[:-1])
+        assert engines._unpack_sdist(changed, handle, log) == tree
+        assert (tree / "src" / "llama-grammar.cpp").read_text() == "as shipped\n"  # other patches: afresh
 
 
 def test_ik_gets_flash_attention_off_and_the_extra_args_after_the_lanes_own(
