@@ -93,7 +93,8 @@ def test_a_changed_patch_set_unpacks_the_sdist_afresh_and_a_resumed_build_keeps_
     """A tree patched by other patches (an earlier version of the project) lacks the text the new ones look
     for: it is unpacked again. The same build resumed keeps its tree (and its objects)."""
     monkeypatch.setenv("LANES_ENGINES_DIR", str(tmp_path / "engines"))
-    monkeypatch.setattr(engines, "_run_logged", lambda *args, **kwargs: None)  # pip download: the sdist is here
+    # pip's download is skipped: the sdist is in place already
+    monkeypatch.setattr(engines, "_run_logged", lambda *args, **kwargs: None)
     build = engines.IK_BUILD
     sdist = build.root() / "sdist"
     sdist.mkdir(parents=True)

@@ -2,9 +2,9 @@
 
 A compatibility subset runs on each engine (the client's reading of the server, a batch re-run that sends
 nothing, file analyses that parse, and in the slow tier one day of the CPU-lane assets on upstream: the
-whole suite runs them on ik); then what only ik does: long prompts in both slots at once (its flash-attention kernels aborted the
-server on any two concurrent requests, hence `-fa off`), MoE flags passed through, and a flag it rejects
-named in the start error.
+whole suite runs them on ik); then what only ik does: long prompts in both slots at once (its
+flash-attention kernels aborted the server on any two concurrent requests, hence `-fa off`), MoE flags
+passed through, and a flag it rejects named in the start error.
 """
 
 from __future__ import annotations
