@@ -45,9 +45,13 @@ def add_option(parser: pytest.Parser) -> None:
     )
 
 
+def _cores(cores: int | None) -> int:
+    return cores or os.cpu_count() or 1
+
+
 def server_tests_first(cores: int | None = None) -> bool:
     """`--server-tests=auto`: first where the tests that need no server have cores of their own."""
-    return (cores or os.cpu_count() or 1) >= 4
+    return _cores(cores) >= 4
 
 
 def configure_controller(config: pytest.Config) -> None:
@@ -120,7 +124,7 @@ def read_server_tests(folder: Path) -> frozenset[str]:
 
 def default_workers(cores: int | None = None) -> int:
     """`make test`'s xdist workers: two wherever there are two cores (one process on one)."""
-    return 2 if (cores or os.cpu_count() or 1) >= 2 else 0
+    return 2 if _cores(cores) >= 2 else 0
 
 
 if __name__ == "__main__":  # the Makefile's TEST_WORKERS

@@ -17,7 +17,7 @@ All three must be 0, every entry must have been sent and come back exactly, and 
 unmatched. The positive control: each stage's one harmless answer (the corpus' `control` entries) must be
 accepted and reach the dataset, so an empty dataset cannot pass for a safe one. The model emits only what
 the grammar forces, so the day takes the time of its short answers and the sandbox runs of what parsed
-(about 100 s for the fast part and 175 s for the whole on two cores).
+(about 120 s for the fast part and 175 s for the whole on two cores).
 """
 
 from __future__ import annotations
