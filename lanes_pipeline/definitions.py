@@ -14,14 +14,15 @@ from dagster import (
     multiprocess_executor,
 )
 
-from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
-from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
+from lanes_pipeline.cpu_lane.assets import accepted, analysis, refactor, snapshot
 from lanes_pipeline.cpu_lane.assets import docs as docgen
 from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.dataset import assets as dataset
+from lanes_pipeline.dataset.checks import build_dataset_checks
 from lanes_pipeline.gpu_lane import assets as gpu_lane
 from lanes_pipeline.gpu_lane.checks import build_gpu_checks
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
@@ -42,7 +43,9 @@ STEP_EXECUTOR = multiprocess_executor.configured(
 )
 
 # The lane assets, one partition per day; the lane probes are not partitioned (they run in every run).
-DAILY_MODULES = [snapshot, analysis, testgen, docgen, refactor, lora_dataset, gpu_lane]
+# The CPU lane's day and the dataset it feeds: what a day materializes before the GPU lane.
+CPU_DAY_MODULES = [snapshot, analysis, testgen, docgen, refactor, accepted, dataset]
+DAILY_MODULES = [*CPU_DAY_MODULES, gpu_lane]
 
 
 def daily_assets(settings: Settings) -> dict[str, AssetsDefinition]:
@@ -57,6 +60,7 @@ def build_definitions(settings: Settings) -> Definitions:
         assets=[*load_assets_from_modules([lane_probes, observatory]), *daily_assets(settings).values()],
         asset_checks=[
             *build_checks(daily_partitions(settings)),
+            *build_dataset_checks(daily_partitions(settings)),
             *build_gpu_checks(daily_partitions(settings)),
         ],
         jobs=JOBS,

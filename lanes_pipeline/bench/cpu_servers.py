@@ -32,9 +32,9 @@ from lanes_pipeline.cpu_lane.batching.batch_models import BatchConfig, BatchRequ
 from lanes_pipeline.cpu_lane.batching.client import CpuClient
 from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout
 from lanes_pipeline.cpu_lane.jobs.tasks import ANALYSIS, file_prompt
-from lanes_pipeline.cpu_lane.sample_repo import HERE as SAMPLE_REPO
-from lanes_pipeline.cpu_lane.sample_repo import HISTORY
 from lanes_pipeline.embedded.servers import build_server
+from lanes_pipeline.repos.sample_repo import HERE as SAMPLE_REPO
+from lanes_pipeline.repos.sample_repo import HISTORY
 from lanes_pipeline.settings import CpuEngineName, Settings, load_settings
 
 MIN_ANALYSES = 20

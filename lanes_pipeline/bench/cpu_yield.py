@@ -37,24 +37,16 @@ from dagster import DagsterInstance, load_assets_from_modules, materialize
 
 from lanes_pipeline.bench import real_package
 from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
-from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
-from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
-from lanes_pipeline.cpu_lane.assets import docs as docgen
-from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.assets.common import read_results
-from lanes_pipeline.cpu_lane.jobs.rows import (
-    AnalysisRow,
-    DatasetFigures,
-    GeneratedDocRow,
-    GeneratedTestRow,
-    RefactorRow,
-)
+from lanes_pipeline.cpu_lane.jobs.rows import AnalysisRow, GeneratedDocRow, GeneratedTestRow, RefactorRow
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import KindYield, TargetTally, kind_yield
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
-from lanes_pipeline.cpu_lane.sample_repo import HISTORY
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.dataset.writer import DatasetFigures
+from lanes_pipeline.definitions import CPU_DAY_MODULES
 from lanes_pipeline.embedded.servers import build_server
+from lanes_pipeline.repos.sample_repo import HISTORY
 from lanes_pipeline.settings import Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
 
@@ -99,7 +91,7 @@ def _materialize(
         "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
     }
     assets = partitioned_daily(
-        load_assets_from_modules([snapshot, analysis, testgen, docgen, refactor, lora_dataset]),
+        load_assets_from_modules(CPU_DAY_MODULES),
         daily_partitions(settings),  # type: ignore[arg-type]
     )
     instance = DagsterInstance.ephemeral()

@@ -33,9 +33,9 @@ from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded.servers import build_server
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.client import VllmClient
-from lanes_pipeline.gpu_lane.evaluation import LearningPoint
 from lanes_pipeline.gpu_lane.humaneval import humaneval_pass1, load_problems
 from lanes_pipeline.gpu_lane.learning_report import load_points, markdown_table
+from lanes_pipeline.gpu_lane.promotion import LearningPoint
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.settings import Settings, edit_config_file, load_settings
 from lanes_pipeline.store import ArtifactStore

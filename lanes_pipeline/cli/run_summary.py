@@ -15,14 +15,14 @@ from pydantic import BaseModel
 
 from lanes_pipeline.cpu_lane.jobs.rows import (
     AnalysisFigures,
-    DatasetFigures,
-    Figures,
     GeneratedDocsFigures,
     GeneratedTestsFigures,
     LaneUsageFigures,
     RefactorFigures,
     SnapshotFigures,
 )
+from lanes_pipeline.daily.artifacts import Figures
+from lanes_pipeline.dataset.writer import DatasetFigures
 
 Status = Literal["materialized", "failed", "skipped"]
 FiguresT = TypeVar("FiguresT", bound=Figures)
@@ -184,10 +184,15 @@ def _dataset(m: Mapping[str, Any]) -> str:
 # models its assets write with (cpu_lane/jobs/rows.py).
 RESULTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "repo_snapshot": _snapshot,
+    "day_symbols": lambda m: f"{m.get('symbols_chosen', 0)} symbols ({m.get('changed_symbols', 0)} changed)",
     "repo_analysis": _analysis,
     "generated_tests": _tests,
     "generated_docs": _docs,
     "refactor_proposals": _diffs,
+    "accepted_work": lambda m: f"{m.get('candidates', 0)} accepted results",
+    "held_out_tasks": lambda m: (
+        f"{m.get('held_out_tasks', 0)} held-out tasks, {m.get('functions_to_teach', 0)} functions to teach"
+    ),
     "lora_dataset": _dataset,
     "lora_adapter": _adapter_result,
     "adapter_evaluation": lambda m: (

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from lanes_pipeline.dataset.holdout import (
     HeldOutFunction,
@@ -32,12 +32,13 @@ from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore
 
 CPU_TESTS_DIR = "tests/lanes_held_out"  # where the CPU lane's accepted tests are placed to run
-# Written by lora_dataset: the day's held-out functions, read by the leak check and the GPU evaluation.
-HELD_OUT_ASSET, HELD_OUT_FILE = "lora_dataset_report", "held_out.json"
+# The held_out_tasks asset's partition: the day's held-out functions (read by the dataset's leak check and the
+# GPU lane's evaluation) and each repository's split (read by lora_dataset).
+HELD_OUT_TASKS, HELD_OUT_FILE, SPLITS_FILE = "held_out_tasks", "held_out.json", "splits.json"
 
 
 class HeldOutDay(BaseModel):
-    """lora_dataset_report/<day>/held_out.json: what the GPU lane's evaluation reads."""
+    """held_out_tasks/<day>/held_out.json: what the GPU lane's evaluation reads."""
 
     held_out_percent: int
     # repo -> held-out symbol id (all kinds) -> its body as holdout.body_text gives it: the asset check
@@ -46,15 +47,28 @@ class HeldOutDay(BaseModel):
     functions: list[HeldOutFunction] = []
 
 
-def load_held_out(store: ArtifactStore, day: str) -> HeldOutDay | None:
-    """The day's held-out functions as lora_dataset wrote them; None when it wrote none (an older run)."""
-    if not store.exists(HELD_OUT_ASSET, day, HELD_OUT_FILE):
-        return None
-    where = store.folder(HELD_OUT_ASSET, day) / HELD_OUT_FILE
+def load_held_out(store: ArtifactStore, day: str) -> HeldOutDay:
+    """The day's held-out functions as held_out_tasks wrote them."""
+    where = store.folder(HELD_OUT_TASKS, day) / HELD_OUT_FILE
+    if not where.is_file():
+        raise FileNotFoundError(f"{HELD_OUT_TASKS} has no partition {day} ({where}): materialize it first")
     try:
-        return HeldOutDay.model_validate(store.read_json(HELD_OUT_ASSET, day, HELD_OUT_FILE))
+        return HeldOutDay.model_validate(store.read_json(HELD_OUT_TASKS, day, HELD_OUT_FILE))
     except ValueError as exc:
         raise ValueError(f"{where}: not a held-out task list: {exc}") from exc
+
+
+def load_splits(store: ArtifactStore, day: str) -> dict[str, RepoHoldOut]:
+    """repo -> the day's split of it, as held_out_tasks wrote it."""
+    where = store.folder(HELD_OUT_TASKS, day) / SPLITS_FILE
+    if not where.is_file():
+        raise FileNotFoundError(f"{HELD_OUT_TASKS} has no partition {day} ({where}): materialize it first")
+    try:
+        return TypeAdapter(dict[str, RepoHoldOut]).validate_python(
+            store.read_json(HELD_OUT_TASKS, day, SPLITS_FILE)
+        )
+    except ValueError as exc:
+        raise ValueError(f"{where}: not the day's held-out splits: {exc}") from exc
 
 
 def training_leaks(held: HeldOutDay, train_texts: Sequence[str]) -> list[str]:
@@ -97,7 +111,7 @@ def _candidates(
 
 
 class RepoHoldOut(BaseModel):
-    """One repository's day, as lora_dataset splits it."""
+    """One repository's day, as held_out_tasks splits it."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -1,7 +1,9 @@
-"""The training window: the last N daily `lora_dataset` partitions that exist, day D and earlier.
+"""The training window: the `lora_dataset` partitions a day's GPU-lane asset reads.
 
-Each day is saved in the contract's format (contract.py). A row seen on several days is trained on once
-(its latest copy wins).
+Which days those are is declared once, as the partition mapping of its dependency on lora_dataset
+(daily/partitions.replay_window, applied in loop/lineage.py); the asset asks Dagster for the mapped days
+(`context.asset_partition_keys_for_input`) and reads the ones that were saved. Each day is saved in the
+contract's format (contract.py). A row seen on several days is trained on once (its latest copy wins).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from datetime import date, timedelta
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,6 @@ def partition_dir(artifacts_root: Path, day: date) -> Path:
     return dataset_root(artifacts_root) / day.isoformat()
 
 
-def window_days(day: date, replay_window_days: int, available: Iterable[date]) -> list[date]:
-    """Of the `available` days, those in [day - N + 1, day], oldest first. Pure."""
-    first = day - timedelta(days=replay_window_days - 1)
-    return sorted(d for d in set(available) if first <= d <= day)
-
-
 def is_complete(folder: Path) -> bool:
     """save_to_disk writes dataset_dict.json first and each split's dataset_info.json last: a folder is
     complete when every split it lists has its info file (the writer should still rename into place)."""
@@ -41,24 +37,11 @@ def is_complete(folder: Path) -> bool:
     return all((folder / split / "dataset_info.json").is_file() for split in splits)
 
 
-def available_days(artifacts_root: Path) -> list[date]:
-    days = []
-    root = dataset_root(artifacts_root)
-    if not root.is_dir():
-        return []
-    for child in root.iterdir():
-        try:
-            day = date.fromisoformat(child.name)
-        except ValueError:
-            continue
-        if is_complete(child):
-            days.append(day)
-    return sorted(days)
-
-
-def window_dirs(artifacts_root: Path, day: date, replay_window_days: int) -> list[Path]:
-    days = window_days(day, replay_window_days, available_days(artifacts_root))
-    return [partition_dir(artifacts_root, d) for d in days]
+def window_dirs(artifacts_root: Path, days: Iterable[str]) -> list[Path]:
+    """The saved lora_dataset folders of `days` (partition keys, as the window's mapping gives them), oldest
+    first; a day never materialized, or whose folder is unfinished, is not in the window."""
+    folders = [dataset_root(artifacts_root) / day for day in sorted(set(days))]
+    return [folder for folder in folders if is_complete(folder)]
 
 
 def dedupe(rows_by_day: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lanes_pipeline.daily.artifacts import Figures
 from lanes_pipeline.dataset.contract import (
     TASKS,
     Record,
@@ -29,6 +30,8 @@ from lanes_pipeline.dataset.contract import (
 from lanes_pipeline.sandbox.safety import injection_markers, secret_findings
 from lanes_pipeline.store import canonical_json, sha256_bytes
 
+# The CPU lane's accepted work of a day as the dataset reads it: accepted_work/<day>/accepted.json.
+ACCEPTED_WORK, ACCEPTED_FILE = "accepted_work", "accepted.json"
 CUT_MARK = "# ... (rest of the file cut to fit)"
 SHINGLE_WORDS = 5
 
@@ -59,12 +62,33 @@ class Candidate(BaseModel):
         return (self.task, self.repo, self.path, sha256_bytes(self.answer.encode()))
 
 
+class AcceptedWork(BaseModel):
+    """What the CPU lane hands the dataset for a day (the `accepted_work` asset): its accepted results as
+    candidates, and the accepted test modules of each symbol, which judge the held-out tasks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    candidates: list[Candidate] = Field(default_factory=list)
+    tests: dict[str, dict[str, list[str]]] = Field(
+        default_factory=dict, description="repo -> symbol name -> the day's accepted test modules for it"
+    )
+
+
 class Dropped(BaseModel):
     task: Task
     repo: str
     path: str
     reason: Literal["secret", "prompt_injection", "too_long", "duplicate", "near_duplicate"]
     detail: str = ""
+
+
+class DatasetFigures(Figures):
+    """lora_dataset's figures, which `lanes run`'s summary reads."""
+
+    candidates: int = 0
+    train_rows: int = 0
+    eval_rows: int = 0
+    row_count: int = Field(0, alias="dagster/row_count")
 
 
 class ShapedDataset(BaseModel):

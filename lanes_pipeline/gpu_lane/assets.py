@@ -1,5 +1,5 @@
 """The GPU lane's daily adapter: train it (lora_adapter), judge it (adapter_evaluation), serve it
-(served_adapter). The work is in `training/`, `measurement.py`, `evaluation.py` and `serving.py`; these
+(served_adapter). The work is in `training/`, `measurement.py`, `promotion.py` and `serving.py`; these
 assets orchestrate it and record what happened as metadata and in the version registry.
 
 A day never fails for want of data: a window with too few training rows trains no adapter, and all three
@@ -11,8 +11,7 @@ retried (`failing_for_good`); a lane that is down or busy is (LANE_RETRY).
 import base64
 import hashlib
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,16 +26,13 @@ from dagster import (
     MetadataValue,
     asset,
 )
-from pydantic import BaseModel
 
 from lanes_pipeline.daily.partitions import previous_day
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
-from lanes_pipeline.dataset.held_out import load_held_out
+from lanes_pipeline.dataset.held_out import HELD_OUT_TASKS, load_held_out
 from lanes_pipeline.dataset.window import dataset_root, fingerprint, load_split, window_dirs
-from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.adapters import (
-    AdapterRegistry,
     IncompatibleAdapterError,
     Version,
     check_adapter_dir,
@@ -45,7 +41,7 @@ from lanes_pipeline.gpu_lane.adapters import (
     supported_target_modules,
 )
 from lanes_pipeline.gpu_lane.client import asleep
-from lanes_pipeline.gpu_lane.evaluation import Decision, LearningPoint, learning_point, promotion_decision
+from lanes_pipeline.gpu_lane.day_adapter import DayAdapter, day_outcome, failing_for_good, record_outcome
 from lanes_pipeline.gpu_lane.learning_report import LEARNING_FILE, learning_line, plot_metadata
 from lanes_pipeline.gpu_lane.measurement import (
     ExecutedTasks,
@@ -55,6 +51,7 @@ from lanes_pipeline.gpu_lane.measurement import (
     measurement_inputs,
     recorded,
 )
+from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint, learning_point, promotion_decision
 from lanes_pipeline.gpu_lane.repo_tasks import day_tasks
 from lanes_pipeline.gpu_lane.resources import (
     AdapterRegistryResource,
@@ -62,66 +59,31 @@ from lanes_pipeline.gpu_lane.resources import (
     LoraTrainingResource,
     service_for,
 )
-from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_training
+from lanes_pipeline.gpu_lane.training.runner import run_training
 from lanes_pipeline.gpu_lane.training.spec import LOSS_CURVE, TrainSpec, TrainSummary
 from lanes_pipeline.host import with_host_figures
-from lanes_pipeline.settings import ConfigError, PipelineConfig, TrainingConfig, data_dir
+from lanes_pipeline.settings import PipelineConfig, TrainingConfig, data_dir
 from lanes_pipeline.store import ArtifactStore
 
 GROUP, POOL = "gpu_lane", "gpu_lane"
-LORA_DATASET = AssetKey("lora_dataset")
+LORA_DATASET, HELD_OUT_TASKS_KEY = AssetKey("lora_dataset"), AssetKey(HELD_OUT_TASKS)
 ADAPTER_EVALUATION, SERVED_ADAPTER = AssetKey("adapter_evaluation"), AssetKey("served_adapter")
-DAY_OUTCOME = "outcome.json"
 # The schedule serves a day's adapter (or records "no adapter today") once a day: a day late warns, two fail.
 SERVED_FRESHNESS = FreshnessPolicy.time_window(
     fail_window=timedelta(hours=48), warn_window=timedelta(hours=26)
 )
 
 
-class DayAdapter(BaseModel):
-    """What lora_adapter decided for a day (artifacts/lora_adapter/<day>/outcome.json): the version it
-    trained or reused, or none and why. Evaluation and serving follow it."""
-
-    version: str | None = None
-    reason: str
-
-
 def _day(context: AssetExecutionContext) -> date:
     return date.fromisoformat(context.partition_key)
 
 
-@contextmanager
-def failing_for_good(step: str) -> Iterator[None]:
-    """An error that the same inputs raise again (bad config or data, an incompatible adapter, a missing
-    version) becomes a Failure that skips the retry policy; a lane that is down or busy (LaneError) and a
-    Failure that says otherwise pass through as they are."""
-    try:
-        yield
-    except (Failure, LaneError):
-        raise
-    except TrainingError as exc:
-        # A trainer (or eval) process that raised will raise again (data, device, config): no retry; a
-        # killed one (the OOM killer, a shutdown) may not be killed again.
-        raise Failure(f"{step}: {exc}", allow_retries=exc.transient) from exc
-    except (ValueError, LookupError, ConfigError, FileExistsError) as exc:
-        raise Failure(f"{step}: {exc}", allow_retries=False) from exc
-
-
-def _record_outcome(store: ArtifactStore, day: date, outcome: DayAdapter) -> None:
-    store.write_json("lora_adapter", day.isoformat(), DAY_OUTCOME, outcome.model_dump())
-
-
-def day_outcome(store: ArtifactStore, registry: AdapterRegistry, day: date) -> DayAdapter:
-    """The day's adapter as lora_adapter recorded it; without a record, the registry's latest of the day."""
-    if store.exists("lora_adapter", day.isoformat(), DAY_OUTCOME):
-        return DayAdapter.model_validate(store.read_json("lora_adapter", day.isoformat(), DAY_OUTCOME))
-    versions = registry.versions(day)
-    if not versions:
-        raise Failure(
-            f"no adapter version for {day}: materialize lora_adapter for this partition first",
-            allow_retries=False,
-        )
-    return DayAdapter(version=versions[-1].name, reason="the day's latest version in the registry")
+def _window(context: AssetExecutionContext, store: ArtifactStore) -> list[Path]:
+    """The saved lora_dataset days of the replay window: the days its dependency's partition mapping gives
+    (loop/lineage.py declares it), read through Dagster, not counted again here."""
+    return window_dirs(
+        store.root, context.asset_partition_keys_for_input(LORA_DATASET.to_python_identifier())
+    )
 
 
 def _png_markdown(path: Path) -> MetadataValue:
@@ -180,7 +142,7 @@ def lora_adapter(
     day = _day(context)
     with failing_for_good(f"lora_adapter for {day}"):
         config, store = lora_training.config(), artifact_store.store()
-        dirs = window_dirs(store.root, day, config.replay_window_days)
+        dirs = _window(context, store)
         if not dirs:
             raise Failure(
                 f"no lora_dataset partition in the {config.replay_window_days} days up to {day} under "
@@ -191,12 +153,12 @@ def lora_adapter(
         if rows < config.min_train_rows:
             why = _too_few_rows(rows, dirs, config)
             context.log.warning(f"no adapter for {day}: {why}")
-            _record_outcome(store, day, DayAdapter(reason=why))
+            record_outcome(store, day, DayAdapter(reason=why))
             return MaterializeResult(
                 metadata={"no_adapter": why, "train_rows": rows, "window": [d.name for d in dirs]}
             )
         metadata = _train_day(context, day, config, dirs, gpu_lane, lora_training, adapter_registry)
-        _record_outcome(store, day, DayAdapter(version=metadata["version"], reason="trained"))
+        record_outcome(store, day, DayAdapter(version=metadata["version"], reason="trained"))
         return MaterializeResult(metadata={**metadata, "train_rows": rows})
 
 
@@ -276,7 +238,7 @@ def _gpu_asleep(gpu_lane: GpuLaneResource) -> Any:
 
 
 def _decide(measured: Measured, config: TrainingConfig) -> Decision:
-    """The promotion rule on the measured figures (evaluation.py)."""
+    """The promotion rule on the measured figures (promotion.py)."""
     figures = measured.figures
     return promotion_decision(
         figures["candidate"],
@@ -292,7 +254,7 @@ def _decide(measured: Measured, config: TrainingConfig) -> Decision:
 def executed_tasks(
     store: ArtifactStore, day: date, config: TrainingConfig, pipeline: PipelineConfig
 ) -> ExecutedTasks:
-    """The day's held-out repository tasks (lora_dataset's held_out.json) and the HumanEval subset; the
+    """The day's held-out repository tasks (held_out_tasks' held_out.json) and the HumanEval subset; the
     answers are asked in the dataset's chat format and run in the CPU lane's sandbox, one run each."""
     held = load_held_out(store, day.isoformat())
     return ExecutedTasks(
@@ -316,9 +278,15 @@ def _record_learning(store: ArtifactStore, point: LearningPoint) -> dict[str, An
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
-    # lora_dataset(D): the day's held-out tasks and eval rows it judges on. adapter_evaluation(D-1): the
+    # held_out_tasks(D): the repository tasks it judges on; lora_dataset: the held-out eval rows of the window
+    # (its mapping declared when the definitions load, as for lora_adapter). adapter_evaluation(D-1): the
     # decision of the day before, whose adapter (if promoted) is the one to beat (current_version).
-    deps=[lora_adapter, LORA_DATASET, AssetDep(ADAPTER_EVALUATION, partition_mapping=previous_day())],
+    deps=[
+        lora_adapter,
+        HELD_OUT_TASKS_KEY,
+        LORA_DATASET,
+        AssetDep(ADAPTER_EVALUATION, partition_mapping=previous_day()),
+    ],
     description="Executed figures for base, current and candidate: repo_pass_rate on held-out repository "
     "tasks, HumanEval pass@1 (forgetting guard), eval loss on held-out rows; the promotion decision and "
     "the day's point of the learning curve.",
@@ -352,7 +320,7 @@ def adapter_evaluation(
         measured = recorded(candidate, inputs)
         reused = measured is not None
         if measured is None:
-            dirs = window_dirs(store.root, day, config.replay_window_days)
+            dirs = _window(context, store)
             measured = measure(context, candidate, gpu_lane, lora_training, adapter_registry, dirs, tasks)
         else:
             context.log.info(f"{candidate.name} was measured with these settings already: 0 requests")

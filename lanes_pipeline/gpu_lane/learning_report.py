@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from lanes_pipeline.gpu_lane.evaluation import Figures, LearningPoint
+from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint
 from lanes_pipeline.store import ArtifactStore
 
 LEARNING_ASSET = "adapter_evaluation"

@@ -16,8 +16,8 @@ from lanes_pipeline.dataset.holdout import HeldOutFunction
 from lanes_pipeline.dataset.window import load_split
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, Version
 from lanes_pipeline.gpu_lane.code_tasks import PassRate, pass_rate
-from lanes_pipeline.gpu_lane.evaluation import Figures
 from lanes_pipeline.gpu_lane.humaneval import HumanEvalProblem, daily_subset, humaneval_pass1, load_problems
+from lanes_pipeline.gpu_lane.promotion import Figures
 from lanes_pipeline.gpu_lane.repo_tasks import body_task, judge_body, task_name
 from lanes_pipeline.gpu_lane.resources import (
     AdapterRegistryResource,

@@ -1,5 +1,5 @@
-"""Held-out repository tasks: for each held-out function of the user's repositories (chosen by the CPU
-lane's lora_dataset, `held_out.json`), the served model gets what an editor would send when the user asks
+"""Held-out repository tasks: for each held-out function of the user's repositories (the held_out_tasks
+asset's `held_out.json`), the served model gets what an editor would send when the user asks
 for a body (the file's imports, what it calls, the signature and docstring) and writes the function. The
 answer replaces the real function in an export of the day's commit, and the tests that call it (the
 repository's own and the CPU lane's accepted ones, all passing on the real code) run in the sandbox:

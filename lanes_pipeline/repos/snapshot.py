@@ -25,6 +25,7 @@ from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.git import TreeEntry, commit_as_of, commit_time, ls_tree, read_blobs
 from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.sandbox.safety import committed_secrets, injection_markers
+from lanes_pipeline.store import ArtifactStore
 
 # ---------------------------------------------------------------------------------------------------------
 # Models
@@ -416,3 +417,9 @@ def take_snapshot(
         outlines=outlines,
         repo_map=render_repo_map(repo_name, outlines, map_chars),
     )
+
+
+def load_snapshots(store: ArtifactStore, day: str) -> list[Snapshot]:
+    """repo_snapshot's partition of the day, as it wrote it."""
+    data = store.read_json("repo_snapshot", day, "snapshots.json")
+    return [Snapshot.model_validate(item) for item in data]

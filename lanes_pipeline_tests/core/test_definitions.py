@@ -39,10 +39,14 @@ def test_assets_and_resources_resolve() -> None:
 # How an asset's code reads another asset's partition: the reader's name -> the asset it reads, or a string
 # argument naming the folder it reads (`read_results(store, "generated_tests", ...)`).
 READERS = {
-    "load_snapshots": "repo_snapshot",
-    "load_held_out": "lora_dataset",
-    "window_dirs": "lora_dataset",
-    "day_outcome": "lora_adapter",
+    "load_snapshots": {"repo_snapshot"},
+    "day_repos": {"repo_snapshot", "day_symbols"},
+    "load_day_selection": {"day_symbols"},
+    "load_accepted_work": {"accepted_work"},
+    "load_held_out": {"held_out_tasks"},
+    "load_splits": {"held_out_tasks"},
+    "window_dirs": {"lora_dataset"},
+    "day_outcome": {"lora_adapter"},
 }
 FOLDER_READERS = {"read_results", "read_json", "exists"}
 SIDE_FOLDERS = {"lora_dataset_report": "lora_dataset"}  # written by lora_dataset beside its dataset
@@ -64,8 +68,7 @@ def asset_reads(function: Callable[..., Any]) -> set[str]:
                 continue
             called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             todo.append(called)
-            if called in READERS:
-                reads.add(READERS[called])
+            reads |= READERS.get(called, set())
             if called in FOLDER_READERS:
                 for argument in node.args:
                     if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
@@ -86,13 +89,16 @@ def test_every_asset_declares_each_asset_it_reads() -> None:
         parents = {p.to_user_string() for k in definition.keys for p in graph.get(k).parent_keys} - own
         if reads - parents:
             undeclared[key.to_user_string()] = sorted(reads - parents)
-    # the scan finds what it is for: the dataset reads every CPU-lane asset, the evaluation the held-out tasks
-    assert found["lora_dataset"] == {
+    # The scan finds what it is for: the CPU lane's accepted work reads every job's results, the dataset
+    # only that work and the held-out split, the evaluation the held-out tasks and the window's eval rows.
+    assert found["accepted_work"] == {
         "repo_snapshot",
         "repo_analysis",
         "generated_tests",
         "generated_docs",
         "refactor_proposals",
     }
-    assert "lora_dataset" in found["adapter_evaluation"] and "repo_snapshot" in found["generated_tests"]
+    assert found["lora_dataset"] == {"accepted_work", "held_out_tasks"}
+    assert {"held_out_tasks", "lora_dataset"} <= found["adapter_evaluation"]
+    assert {"repo_snapshot", "day_symbols"} <= found["generated_tests"]
     assert undeclared == {}

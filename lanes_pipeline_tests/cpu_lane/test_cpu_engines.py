@@ -20,9 +20,9 @@ from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
 from lanes_pipeline.cpu_lane.batching.client import CpuClient, ServerInfo
 from lanes_pipeline.cpu_lane.jobs.prompts import ASK, PromptLayout
 from lanes_pipeline.cpu_lane.jobs.tasks import ANALYSIS, FileAnalysis, file_prompt
-from lanes_pipeline.cpu_lane.sample_repo import FIRST_MODULES
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.errors import EmbeddedStartError
+from lanes_pipeline.repos.sample_repo import FIRST_MODULES
 from lanes_pipeline.settings import EmbeddedCpuServer, Settings
 from lanes_pipeline_tests.conftest import settings_with_cpu_engine
 from lanes_pipeline_tests.cpu_lane.fixtures import (

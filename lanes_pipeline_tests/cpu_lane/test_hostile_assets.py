@@ -36,14 +36,12 @@ from typing import Any, get_args
 import pytest
 from dagster import DagsterInstance, load_assets_from_modules, materialize
 
-import lanes_pipeline.cpu_lane.sample_repo as sample_repo
-from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
-from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
-from lanes_pipeline.cpu_lane.assets import docs as docgen
-from lanes_pipeline.cpu_lane.assets import tests as testgen
+import lanes_pipeline.repos.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.dataset.checks import build_dataset_checks
+from lanes_pipeline.definitions import CPU_DAY_MODULES
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.git import build_history
 from lanes_pipeline.settings import CpuLane, Settings, load_settings
@@ -179,13 +177,13 @@ def hostile_day(
     }
     partitions = daily_partitions(load_settings(config_dir))
     assets = partitioned_daily(
-        load_assets_from_modules([snapshot, analysis, testgen, docgen, refactor, lora_dataset]),
+        load_assets_from_modules(CPU_DAY_MODULES),
         partitions,  # type: ignore[arg-type]
     )
     listener = Listener()
     try:
         result = materialize(
-            [*assets, *build_checks(partitions)],
+            [*assets, *build_checks(partitions), *build_dataset_checks(partitions)],
             resources=resources,
             partition_key=DAY,
             instance=DagsterInstance.ephemeral(),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import lanes_pipeline.cpu_lane.sample_repo as sample_repo
+import lanes_pipeline.repos.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis, extract_block, parse_diff
 from lanes_pipeline.http import ChatMessage, ChatRequest

@@ -22,16 +22,13 @@ import yaml
 from dagster import DagsterInstance, load_assets_from_modules, materialize
 
 from lanes_pipeline.bench.cpu_yield import empty_data_dir
-from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
-from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
-from lanes_pipeline.cpu_lane.assets import docs as docgen
-from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.dataset import window as training_window
 from lanes_pipeline.dataset.held_out import HeldOutDay, load_held_out, training_leaks
 from lanes_pipeline.dataset.holdout import is_held_out
+from lanes_pipeline.definitions import CPU_DAY_MODULES
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.settings import CpuLane, Settings, load_settings
@@ -97,7 +94,7 @@ def first_day(
             "pipeline_settings": PipelineSettingsResource(config_dir=str(configs)),
         }
         assets = partitioned_daily(
-            load_assets_from_modules([snapshot, analysis, testgen, docgen, refactor, lora_dataset]),
+            load_assets_from_modules(CPU_DAY_MODULES),
             daily_partitions(project),  # type: ignore[arg-type]
         )
         result = materialize(
@@ -109,7 +106,6 @@ def first_day(
             for e in result.get_asset_materialization_events()
         }
         held = load_held_out(store, day.isoformat())
-        assert held is not None
         folder = [training_window.partition_dir(store.root, day)]
         yield Day(
             metadata,
@@ -120,12 +116,12 @@ def first_day(
 
 
 def test_a_real_librarys_first_day_runs_to_its_dataset_with_methods_held_out(first_day: Day) -> None:
-    dataset = first_day.metadata["lora_dataset"]
+    dataset, split = first_day.metadata["lora_dataset"], first_day.metadata["held_out_tasks"]
     held = first_day.held.bodies[REPO]
     methods = sorted(i for i in held if i.startswith(f"{BIG_CLASS}."))
     assert f"{BIG_CLASS}.__init__" in methods and len(methods) >= 5, sorted(held)
     assert all(held[i] for i in methods), "a held-out method's body came back empty"
-    assert dataset["skipped_symbols"] == 0 and dataset["skipped"] == {}
+    assert split["skipped_symbols"] == 0 and split["skipped"] == {}
     assert first_day.metadata["repo_analysis"]["skipped_symbols"] == 0
     # Taught: functions that are not held out, each as a "write the body" row; none holds a held-out body.
     tasks = {row["task"] for row in first_day.train}
@@ -135,4 +131,4 @@ def test_a_real_librarys_first_day_runs_to_its_dataset_with_methods_held_out(fir
         == []
     )
     assert dataset["train_rows"] == len(first_day.train) > 0
-    assert dataset["held_out_symbols"] >= len(methods)
+    assert split["held_out_symbols"] >= len(methods)

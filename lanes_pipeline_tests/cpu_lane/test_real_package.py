@@ -41,15 +41,12 @@ from lanes_pipeline.bench.real_package import (
     kept,
     write_project_configs,
 )
-from lanes_pipeline.cpu_lane.assets import analysis, refactor, snapshot
-from lanes_pipeline.cpu_lane.assets import dataset as lora_dataset
-from lanes_pipeline.cpu_lane.assets import docs as docgen
-from lanes_pipeline.cpu_lane.assets import tests as testgen
 from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow, RefactorRow
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.definitions import CPU_DAY_MODULES
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.git import git
 from lanes_pipeline.repos.scan import symbols_at
@@ -145,7 +142,7 @@ def backfill(
             "pipeline_settings": PipelineSettingsResource(config_dir=str(config_dir)),
         }
         assets = partitioned_daily(
-            load_assets_from_modules([snapshot, analysis, testgen, docgen, refactor, lora_dataset]),
+            load_assets_from_modules(CPU_DAY_MODULES),
             daily_partitions(project),  # type: ignore[arg-type]
         )
         instance = DagsterInstance.ephemeral()

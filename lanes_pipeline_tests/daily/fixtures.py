@@ -55,8 +55,9 @@ CPU_ASSETS = {
 # The sample's first two modules only (the daily tests were sized on them): the rest of the sample grows
 # every day's CPU-lane work by a dozen symbols (the cpu_yield and learning benchmarks cover it whole).
 SAMPLE_MODULES = ["textstats.py", "slug.py"]
-# The day before the partitions start: "accepted data from earlier days" in every replay window of the
-# tests' days. A 135M model's own answers are rarely accepted, and a day without rows trains nothing.
+# A day before the tests' days, the partitions' first: "accepted data from earlier days" in every replay
+# window of the tests' days. A 135M model's own answers are rarely accepted, and a day without rows trains
+# nothing.
 EARLIER_DAY = date(2026, 10, 31)
 
 
@@ -106,6 +107,8 @@ def daily_project(
     pipeline["cpu_assets"] |= assets | {"sandbox": sandbox}
     pipeline["dataset"] |= dataset or {}
     pipeline |= pipeline_changes or {}
+    if seed_earlier_day:  # a partition, so the replay window's mapping reaches it
+        pipeline["start_date"] = EARLIER_DAY.isoformat()
     write_config(config_dir / "pipeline.yaml", pipeline)
     lanes = read_config(shipped / "lanes.yaml")
     lanes["cpu_lane"]["base_url"], lanes["gpu_lane"]["base_url"] = cpu_url, gpu_url
@@ -122,5 +125,7 @@ def daily_project(
     # same moment race on the schema migrations (alembic "more than one head").
     DagsterInstance.from_config(str(home)).dispose()
     if seed_earlier_day:
+        # With its split (nothing held out): the tests' first day teaches what changed that day, not every
+        # function as a new install's first day does.
         write_codename_day(data / "artifacts", EARLIER_DAY)
     return DailyProject(config_dir, data, home)

@@ -44,9 +44,12 @@ DAYS = ("2026-11-01", "2026-11-02")  # the sample repository's first two commits
 GPU_CHAIN = ("lora_adapter", "adapter_evaluation", "served_adapter")
 EVERY_DAY = (
     "repo_snapshot",
+    "day_symbols",
     "repo_analysis",
     "generated_tests",
     "refactor_proposals",
+    "accepted_work",
+    "held_out_tasks",
     "lora_dataset",
     *GPU_CHAIN,
 )

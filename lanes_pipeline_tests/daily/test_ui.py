@@ -28,7 +28,7 @@ from lanes_pipeline.settings import project_root
 from lanes_pipeline_tests import browser
 from lanes_pipeline_tests.browser import HEADLESS_FLAGS, ensure_chromium
 
-GROUPS = {"lanes", "cpu_lane", "gpu_lane"}
+GROUPS = {"lanes", "cpu_lane", "dataset", "gpu_lane"}
 ASSETS_QUERY = """
 {
   assetNodes {
@@ -142,7 +142,7 @@ def test_graphql_lists_our_assets_with_groups_and_daily_partitions(webserver: We
     graph = load_defs().get_repository_def().asset_graph
     ours = {key.to_user_string() for key in graph.materializable_asset_keys}
     assert ours <= set(nodes)
-    assert {nodes[name]["groupName"] for name in ours} == GROUPS  # grouped by lane
+    assert {nodes[name]["groupName"] for name in ours} == GROUPS  # by lane, the dataset between
     for name in ours:
         node = nodes[name]
         assert node["description"], f"{name} has no description"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.assets.dataset import base_model_dir, candidates_of_day, explanation
+from lanes_pipeline.cpu_lane.assets.accepted import candidates_of_day, explanation
 from lanes_pipeline.cpu_lane.jobs.rows import (
     AnalysisRow,
     FileAnalysisRow,
@@ -17,6 +17,7 @@ from lanes_pipeline.cpu_lane.jobs.rows import (
 )
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
 from lanes_pipeline.dataset import window as dataset_window
+from lanes_pipeline.dataset.assets import base_model_dir
 from lanes_pipeline.dataset.writer import (
     CUT_MARK,
     Candidate,

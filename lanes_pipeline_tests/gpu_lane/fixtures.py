@@ -11,15 +11,25 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from dagster import AssetSpec
+
+from lanes_pipeline.daily.artifacts import write_partition
+from lanes_pipeline.daily.partitions import daily_partitions
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.dataset.contract import make_row
-from lanes_pipeline.dataset.held_out import HeldOutDay, held_out_of_repo
+from lanes_pipeline.dataset.held_out import (
+    HELD_OUT_FILE,
+    HELD_OUT_TASKS,
+    SPLITS_FILE,
+    HeldOutDay,
+    held_out_of_repo,
+)
 from lanes_pipeline.dataset.window import partition_dir
 from lanes_pipeline.dataset.writer import save_rows
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
 from lanes_pipeline.repos.snapshot import FileEntry, Snapshot
-from lanes_pipeline.settings import SandboxLimits, Settings
+from lanes_pipeline.settings import SandboxLimits, Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
 from lanes_pipeline_tests.cpu_lane.fixtures import SHAPES_MODULE, shapes_repo
 
@@ -56,7 +66,15 @@ def codename_rows(questions: tuple[str, ...]) -> list[dict[str, Any]]:
 
 
 def write_codename_day(artifacts_root: Path, day: date) -> Path:
-    """One lora_dataset partition under `<artifacts_root>/lora_dataset/<day>/`."""
+    """One lora_dataset partition under `<artifacts_root>/lora_dataset/<day>/`, and the day's split with
+    nothing held out (no repository task) unless the test wrote one (write_held_out_tasks)."""
+    store = ArtifactStore(artifacts_root)
+    if not store.exists(HELD_OUT_TASKS, day.isoformat(), HELD_OUT_FILE):
+        nothing_held = {
+            HELD_OUT_FILE: HeldOutDay(held_out_percent=0).model_dump(mode="json"),
+            SPLITS_FILE: {},
+        }
+        write_partition(store, HELD_OUT_TASKS, day.isoformat(), nothing_held)
     return save_rows(
         partition_dir(artifacts_root, day), codename_rows(TRAIN_QUESTIONS), codename_rows(EVAL_QUESTIONS)
     )
@@ -96,7 +114,7 @@ def random_adapter(
 def write_held_out_tasks(
     artifacts_root: Path, day: date, scratch: Path, keep: int = 1, only: str | None = None
 ) -> HeldOutDay:
-    """The day's held-out repository tasks as lora_dataset writes them: `keep` functions of the tiny shapes
+    """The day's held-out repository tasks as held_out_tasks writes them: `keep` functions of the tiny shapes
     repository (built under `scratch`), each with its passing tests; `only`: that function alone."""
     repo, commit = shapes_repo(scratch)
     snapshot = Snapshot(
@@ -111,7 +129,7 @@ def write_held_out_tasks(
         functions = [f for f in functions if f.symbol.name == only]
     held = HeldOutDay(held_out_percent=100, functions=functions[:keep])
     ArtifactStore(artifacts_root).write_json(
-        "lora_dataset_report", day.isoformat(), "held_out.json", held.model_dump(mode="json")
+        "held_out_tasks", day.isoformat(), "held_out.json", held.model_dump(mode="json")
     )
     return held
 
@@ -137,3 +155,9 @@ def gpu_resources(
         "artifact_store": ArtifactStoreResource(root=str(root / "artifacts")),
         "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
     }
+
+
+def dataset_spec() -> AssetSpec:
+    """lora_dataset as an asset made before the test (the test writes its days): materialized beside the GPU
+    chain, it lets Dagster map the replay window through its daily partitions."""
+    return AssetSpec("lora_dataset", partitions_def=daily_partitions(load_settings()))

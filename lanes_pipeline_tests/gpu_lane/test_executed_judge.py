@@ -27,7 +27,12 @@ from lanes_pipeline.gpu_lane.resources import (
     REGISTRY_FILE,
 )
 from lanes_pipeline.settings import Settings, load_settings
-from lanes_pipeline_tests.gpu_lane.fixtures import gpu_resources, random_adapter, write_held_out_tasks
+from lanes_pipeline_tests.gpu_lane.fixtures import (
+    dataset_spec,
+    gpu_resources,
+    random_adapter,
+    write_held_out_tasks,
+)
 
 adapter_evaluation = daily_assets(load_settings())["adapter_evaluation"]
 
@@ -67,7 +72,7 @@ def _judge(root: Path, url: str, settings: Settings, current: Path, candidate: P
     registry.record_move(alias, yesterday.name, "the day before's promotion", {yesterday.name: "promoted"})
     today = registry.add("judge-candidate", DAY, candidate, "candidate", {})
     result = materialize(
-        [adapter_evaluation],
+        [dataset_spec(), adapter_evaluation],
         partition_key=DAY.isoformat(),
         resources=resources,
         instance=DagsterInstance.ephemeral(),

@@ -34,6 +34,7 @@ from lanes_pipeline_tests.gpu_lane.fixtures import (
     CODENAME,
     PROBE_QUESTION,
     SYSTEM,
+    dataset_spec,
     gpu_resources,
     write_codename_day,
     write_held_out_tasks,
@@ -95,7 +96,7 @@ def pipeline(
     write_held_out_tasks(root / "artifacts", date.fromisoformat(DAY), root / "shapes")
     resources = resources_for(root, gpu_server.url, settings)
     result = materialize(
-        [lora_adapter, adapter_evaluation, served_adapter],
+        [dataset_spec(), lora_adapter, adapter_evaluation, served_adapter],
         partition_key=DAY,
         resources=resources,
         instance=DagsterInstance.ephemeral(),
@@ -171,7 +172,7 @@ def test_a_rerun_of_the_day_reuses_everything_and_asks_vllm_nothing(
     first = pipeline.registry.get(f"lanes-{DAY}").evaluation
     started = time.perf_counter()
     again = materialize(
-        [lora_adapter, adapter_evaluation, served_adapter],
+        [dataset_spec(), lora_adapter, adapter_evaluation, served_adapter],
         partition_key=DAY,
         resources=pipeline.resources,
         instance=DagsterInstance.ephemeral(),

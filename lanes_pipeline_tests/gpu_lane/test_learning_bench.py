@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lanes_pipeline.bench.learning import summarize, targets, variant_configs
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
-from lanes_pipeline.gpu_lane.evaluation import Figures, LearningPoint
+from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint
 from lanes_pipeline.settings import default_config_dir, load_settings
 
 

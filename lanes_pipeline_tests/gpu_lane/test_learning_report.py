@@ -12,7 +12,6 @@ from click.testing import CliRunner
 
 from lanes_pipeline.cli import main
 from lanes_pipeline.daily.resources import ArtifactStoreResource
-from lanes_pipeline.gpu_lane.evaluation import Figures, LearningPoint
 from lanes_pipeline.gpu_lane.learning_report import (
     LearningReportError,
     learning_line,
@@ -21,6 +20,7 @@ from lanes_pipeline.gpu_lane.learning_report import (
     plot_metadata,
     render_chart,
 )
+from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint
 from lanes_pipeline.store import ArtifactStore
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import date
 
-from lanes_pipeline.gpu_lane.evaluation import Decision, Figures, learning_point, promotion_decision
+from lanes_pipeline.gpu_lane.promotion import Decision, Figures, learning_point, promotion_decision
 
 BASE = Figures(eval_loss=2.0, repo_pass_rate=0.20, humaneval_pass1=0.05)
 CURRENT = Figures(eval_loss=1.5, repo_pass_rate=0.30, humaneval_pass1=0.05)

@@ -88,12 +88,13 @@ def test_held_out_tasks_round_trip_through_the_store(
     functions: dict[str, HeldOutFunction], tmp_path: Path
 ) -> None:
     store = ArtifactStore(tmp_path)
-    assert load_held_out(store, "2026-11-01") is None
+    with pytest.raises(FileNotFoundError, match=r"held_out_tasks has no partition 2026-11-01"):
+        load_held_out(store, "2026-11-01")
     day = HeldOutDay(held_out_percent=100, functions=list(functions.values()))
-    store.write_json("lora_dataset_report", "2026-11-01", "held_out.json", day.model_dump(mode="json"))
+    store.write_json("held_out_tasks", "2026-11-01", "held_out.json", day.model_dump(mode="json"))
     loaded = load_held_out(store, "2026-11-01")
     assert loaded == day
     assert [f.symbol.name for f in day_tasks(loaded, 2)] == ["area", "double"]
-    store.write_json("lora_dataset_report", "2026-11-02", "held_out.json", {"functions": "nope"})
+    store.write_json("held_out_tasks", "2026-11-02", "held_out.json", {"functions": "nope"})
     with pytest.raises(ValueError, match=r"2026-11-02/held_out\.json"):
         load_held_out(store, "2026-11-02")

@@ -30,7 +30,12 @@ from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_training,
 from lanes_pipeline.gpu_lane.training.spec import TrainSpec
 from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK, remove_stale_partials
 from lanes_pipeline.settings import Settings, TrainingConfig, load_settings
-from lanes_pipeline_tests.gpu_lane.fixtures import TRAIN_QUESTIONS, codename_rows, write_codename_day
+from lanes_pipeline_tests.gpu_lane.fixtures import (
+    TRAIN_QUESTIONS,
+    codename_rows,
+    dataset_spec,
+    write_codename_day,
+)
 
 # The GPU-lane assets on the shipped configs' daily partitions (the definitions build them at load time).
 _DAILY = daily_assets(load_settings())
@@ -224,7 +229,7 @@ def test_a_failed_cuda_training_still_wakes_vllm(fake_vllm: Any, settings: Setti
         "artifact_store": ArtifactStoreResource(root=str(tmp_path / "artifacts")),
     }
     result = materialize(
-        [lora_adapter],
+        [dataset_spec(), lora_adapter],
         partition_key=DAY.isoformat(),
         resources=resources,
         instance=DagsterInstance.ephemeral(),
@@ -268,7 +273,7 @@ def test_a_window_without_enough_training_rows_is_a_day_without_adapter(
     save_rows(partition_dir(tmp_path / "artifacts", DAY), train, [])
     assert train_rows < settings.training.min_train_rows
     result = materialize(
-        [lora_adapter, adapter_evaluation, served_adapter],
+        [dataset_spec(), lora_adapter, adapter_evaluation, served_adapter],
         partition_key=DAY.isoformat(),
         resources=_offline_resources(settings, tmp_path),
         instance=DagsterInstance.ephemeral(),
@@ -294,7 +299,7 @@ def test_a_candidate_without_eval_rows_is_trained_but_not_promoted(
     resources = _offline_resources(settings, tmp_path, max_steps=1, device="cpu")
     instance = DagsterInstance.ephemeral()
     result = materialize(
-        [lora_adapter, adapter_evaluation],
+        [dataset_spec(), lora_adapter, adapter_evaluation],
         partition_key=DAY.isoformat(),
         resources=resources,
         instance=instance,
@@ -315,7 +320,7 @@ def test_a_candidate_without_eval_rows_is_trained_but_not_promoted(
 def test_a_deterministic_failure_is_not_retried(settings: Settings, tmp_path: Path) -> None:
     """Judging a day that lora_adapter never ran for fails once, naming what to do, without retries."""
     result = materialize(
-        [adapter_evaluation],
+        [dataset_spec(), adapter_evaluation],
         partition_key=DAY.isoformat(),
         resources=_offline_resources(settings, tmp_path),
         instance=DagsterInstance.ephemeral(),

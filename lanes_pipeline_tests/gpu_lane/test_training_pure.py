@@ -10,12 +10,10 @@ import pytest
 
 from lanes_pipeline.dataset.contract import DatasetContractError, check_row, make_row
 from lanes_pipeline.dataset.window import (
-    available_days,
     dedupe,
     fingerprint,
     load_split,
     partition_dir,
-    window_days,
     window_dirs,
 )
 from lanes_pipeline.dataset.writer import save_rows
@@ -81,16 +79,6 @@ def test_steps_from_epochs() -> None:
     assert total_steps(training.model_copy(update={"max_steps": 7}), 17) == 7
 
 
-def test_window_keeps_the_last_n_days_up_to_d() -> None:
-    days = [date(2026, 11, d) for d in (1, 3, 6, 7, 9)]
-    assert window_days(date(2026, 11, 7), 5, days) == [
-        date(2026, 11, 3),
-        date(2026, 11, 6),
-        date(2026, 11, 7),
-    ]
-    assert window_days(date(2026, 11, 2), 1, days) == []
-
-
 def test_dedupe_keeps_one_copy_per_hash_the_latest() -> None:
     a1 = {"content_hash": "a", "v": 1}
     b = {"content_hash": "b", "v": 1}
@@ -117,8 +105,8 @@ def test_window_reads_saved_days_from_the_artifact_store(tmp_path: Path) -> None
     save_rows(partition_dir(tmp_path, date(2026, 11, 1)), rows[:2], rows[2:])
     save_rows(partition_dir(tmp_path, date(2026, 11, 2)), rows[1:2], rows[2:])
     (partition_dir(tmp_path, date(2026, 11, 3))).mkdir()  # an unfinished day is not in the window
-    assert available_days(tmp_path) == [date(2026, 11, 1), date(2026, 11, 2)]
-    dirs = window_dirs(tmp_path, date(2026, 11, 3), 7)
+    # The days as the replay window's mapping gives them (2026-10-30 was never materialized), in any order.
+    dirs = window_dirs(tmp_path, ["2026-11-03", "2026-11-02", "2026-10-30", "2026-11-01"])
     assert [d.name for d in dirs] == ["2026-11-01", "2026-11-02"]
     train = load_split(dirs, "train")
     assert [r["content_hash"] for r in train] == [rows[0]["content_hash"], rows[1]["content_hash"]]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.sample_repo import HISTORY, ensure_sample_repo
 from lanes_pipeline.git import CommitSpec, build_history, commit_as_of
+from lanes_pipeline.repos.sample_repo import HISTORY, ensure_sample_repo
 from lanes_pipeline.repos.snapshot import (
     SelectionRules,
     end_of_day,

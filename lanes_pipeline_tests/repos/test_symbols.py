@@ -7,7 +7,7 @@ import shlex
 import textwrap
 from pathlib import Path
 
-import lanes_pipeline.cpu_lane.sample_repo as sample_repo
+import lanes_pipeline.repos.sample_repo as sample_repo
 from lanes_pipeline.repos.symbols import (
     all_symbols,
     diff_scans,

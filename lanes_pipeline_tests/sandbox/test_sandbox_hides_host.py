@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline
-from lanes_pipeline.cpu_lane import sample_repo
 from lanes_pipeline.embedded.engines import engines_dir
 from lanes_pipeline.git import build_history
+from lanes_pipeline.repos import sample_repo
 from lanes_pipeline.sandbox.isolation import (
     Isolation,
     detect_isolation,

@@ -1,15 +1,14 @@
 """`repo_analysis`: a structured analysis (summary, public API, risks, test ideas) of each of the day's
 symbols from the CPU lane. The day's symbols are the new and changed ones first, then the coverage backlog
-(select_day: the selection generated_tests and refactor_proposals take too), so a module of any size is
-covered symbol by symbol. Each answer is remembered by the symbol's memo key (its source plus context):
-editing one function of a big module re-asks only that function, and a re-run asks nothing and writes
-the same bytes. Only a file Python cannot parse has no symbols: it is listed with the reason (`not_scanned`).
-Coverage per repository (analysed, with an accepted test, with an accepted proposal) goes into the
-metadata."""
+(the `day_symbols` asset's choice, which generated_tests and refactor_proposals take too), so a module of
+any size is covered symbol by symbol. Each answer is remembered by the symbol's memo key (its source plus
+context): editing one function of a big module re-asks only that function, and a re-run asks nothing and
+writes the same bytes. Only a file Python cannot parse has no symbols: it is listed with the reason
+(`not_scanned`). Coverage per repository (analysed, with an accepted test, with an accepted proposal) goes
+into the metadata."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
@@ -22,19 +21,13 @@ from lanes_pipeline.cpu_lane.assets.by_symbol import (
     coverage_table,
     repo_coverage,
 )
-from lanes_pipeline.cpu_lane.assets.common import (
-    load_snapshots,
-    md_table,
-    ratio,
-    repo_location,
-    write_partition,
-)
-from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
+from lanes_pipeline.cpu_lane.assets.common import day_repos, ratio
+from lanes_pipeline.cpu_lane.assets.snapshot import day_symbols, repo_snapshot
 from lanes_pipeline.cpu_lane.batching.batch_models import DETERMINISTIC_FAILURES, ItemResult
 from lanes_pipeline.cpu_lane.jobs.backlog import RepoCoverage
+from lanes_pipeline.cpu_lane.jobs.day_selection import DaySelection
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.jobs.rows import AnalysisAnswer, AnalysisFigures, AnalysisRow, FileAnalysisRow
-from lanes_pipeline.cpu_lane.jobs.symbol_test_day import select_day
 from lanes_pipeline.cpu_lane.jobs.tasks import (
     SYMBOL_ANALYSIS,
     TASKS_VERSION,
@@ -43,6 +36,7 @@ from lanes_pipeline.cpu_lane.jobs.tasks import (
     symbol_defines,
 )
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
+from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
@@ -83,21 +77,22 @@ class AnalysisDay:
     def __init__(
         self,
         questions: SymbolQuestions,
-        selections: Memo,
+        tests_register: Memo,
         register: CoverageRegister,
         model: str,
         max_tokens: int,
-        backlog_per_day: int,
     ) -> None:
-        self.questions, self.selections, self.register = questions, selections, register
-        self.model, self.max_tokens, self.backlog_per_day = model, max_tokens, backlog_per_day
+        self.questions, self.tests_register, self.register = questions, tests_register, register
+        self.model, self.max_tokens = model, max_tokens
         self.not_scanned: list[tuple[str, str, str]] = []  # (repo, path, why): files without symbols
         self.skipped: dict[str, str] = {}  # `repo: symbol id` -> why the pipeline cannot handle it
 
-    def run(self, snapshot: Snapshot, repo: Path, send: Send) -> tuple[AnalysisRow, RepoCoverage | None]:
-        if snapshot.commit is None:
+    def run(
+        self, snapshot: Snapshot, selection: DaySelection | None, send: Send
+    ) -> tuple[AnalysisRow, RepoCoverage | None]:
+        """`selection`: the day's symbols (day_symbols); None for a repository without a commit yet."""
+        if snapshot.commit is None or selection is None:
             return AnalysisRow(repo=snapshot.repo, commit=None, files=[]), None
-        selection = select_day(self.selections, snapshot, repo, self.backlog_per_day)
         targets = selection.targets()
         self.not_scanned += [(snapshot.repo, p, why) for p, why in sorted(selection.today.left_out.items())]
         self.skipped |= {f"{snapshot.repo}: {i}": why for i, why in sorted(selection.today.skipped.items())}
@@ -118,7 +113,9 @@ class AnalysisDay:
         self.register.add(snapshot.repo, accepted)
         proposed = CoverageRegister(self.register.memo, "refactor").accepted(snapshot.repo)
         analysed = self.register.accepted(snapshot.repo)
-        covered = repo_coverage(snapshot.repo, selection.today.symbols, analysed, self.selections, proposed)
+        covered = repo_coverage(
+            snapshot.repo, selection.today.symbols, analysed, self.tests_register, proposed
+        )
         return AnalysisRow(repo=snapshot.repo, commit=snapshot.commit, files=rows), covered
 
 
@@ -167,7 +164,7 @@ def figures(repos: list[AnalysisRow], coverage: Sequence[RepoCoverage]) -> Analy
     group_name="cpu_lane",
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
-    deps=[repo_snapshot],
+    deps=[repo_snapshot, day_symbols],
     description="Per-symbol structured analysis from the CPU lane (changed symbols, then the coverage "
     "backlog); answers remembered by each symbol's source and context.",
 )
@@ -189,16 +186,14 @@ def repo_analysis(
         register,
         cpu_lane.config.model,
         config.analysis_max_tokens,
-        config.backlog_per_day,
     )
-    entries = {e.name: e for e in settings.repos.repos}
     repos: list[AnalysisRow] = []
     coverage: list[RepoCoverage] = []
-    for snapshot in load_snapshots(store, context.partition_key):
+    for snapshot, _, selection in day_repos(store, context.partition_key, settings):
         label = f"repo_analysis {snapshot.repo}"
         row, covered = day.run(
             snapshot,
-            repo_location(settings, entries[snapshot.repo]),
+            selection,
             lambda requests, label=label: cpu_lane.run_batch(requests, log=context.log, label=label),
         )
         repos.append(row)

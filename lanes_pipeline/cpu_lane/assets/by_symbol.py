@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from lanes_pipeline.cpu_lane.assets.common import LaneUsage, is_transient, md_table
+from lanes_pipeline.cpu_lane.assets.common import LaneUsage, is_transient
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.jobs.backlog import RepoCoverage, coverage
@@ -25,6 +25,7 @@ from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout, TaskKind
 from lanes_pipeline.cpu_lane.jobs.symbol_test_day import register_of
 from lanes_pipeline.cpu_lane.jobs.tasks import symbol_prompt
 from lanes_pipeline.cpu_lane.resources import fail_on_transient_failures
+from lanes_pipeline.daily.artifacts import md_table
 from lanes_pipeline.repos.symbols import Symbol
 
 Send = Callable[[Sequence[BatchRequest]], BatchResult]

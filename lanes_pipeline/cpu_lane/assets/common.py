@@ -1,33 +1,43 @@
-"""What the CPU-lane assets share: where a repository is, asking the lane through the memo (memo.py),
-reading and writing partitions with their row models (rows.py), and metadata.
+"""What the CPU-lane assets share: the day's repositories with their chosen symbols, asking the lane through
+the memo (memo.py), reading upstream partitions with their row models (rows.py), and the lane's figures.
 
 Deterministic failures (unparseable, too long) are remembered too; transient ones (server down) are not.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-from dagster import MetadataValue
+from typing import Any, NamedTuple
 
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import DETERMINISTIC_FAILURES, ItemResult
+from lanes_pipeline.cpu_lane.jobs.day_selection import DaySelection, load_day_selection
 from lanes_pipeline.cpu_lane.jobs.rows import LaneUsageFigures, RowT, read_rows
 from lanes_pipeline.cpu_lane.resources import servers_metadata
-from lanes_pipeline.cpu_lane.sample_repo import EMBEDDED_REPO, ensure_sample_repo
-from lanes_pipeline.repos.snapshot import Snapshot
-from lanes_pipeline.settings import RepoEntry, Settings
-from lanes_pipeline.store import ArtifactStore, sha256_tree
+from lanes_pipeline.repos.location import repo_location
+from lanes_pipeline.repos.snapshot import Snapshot, load_snapshots
+from lanes_pipeline.settings import Settings
+from lanes_pipeline.store import ArtifactStore
 
 
-def repo_location(settings: Settings, entry: RepoEntry) -> Path:
-    """The git repository of a config entry; `embedded` is the shipped sample, built on first use."""
-    if entry.path == EMBEDDED_REPO:
-        return ensure_sample_repo(settings.data_dir / "sample_repo")
-    return settings.repo_path(entry)
+class DayRepo(NamedTuple):
+    """A repository as the day's job sees it: its snapshot, where it is, and the day's symbols (None
+    before its first commit)."""
+
+    snapshot: Snapshot
+    location: Path
+    selection: DaySelection | None
+
+
+def day_repos(store: ArtifactStore, day: str, settings: Settings) -> list[DayRepo]:
+    """Each repository of repo_snapshot's day with the symbols day_symbols chose in it."""
+    entries = {e.name: e for e in settings.repos.repos}
+    found = []
+    for snapshot in load_snapshots(store, day):
+        location = repo_location(settings, entries[snapshot.repo])
+        selection = None if snapshot.commit is None else load_day_selection(store, day, snapshot, location)
+        found.append(DayRepo(snapshot, location, selection))
+    return found
 
 
 def remembered_answer(item: ItemResult) -> dict[str, Any] | None:
@@ -45,26 +55,6 @@ def is_transient(item: ItemResult) -> bool:
     if item.status == "ok":
         return False
     return item.failure is None or item.failure.kind not in DETERMINISTIC_FAILURES
-
-
-def write_partition(store: ArtifactStore, asset: str, day: str, files: dict[str, Any]) -> str:
-    """Replace the asset's partition folder with `files` (name -> JSON value or text) in one rename, and
-    return the folder's content hash: equal content, equal hash, whatever ran before."""
-    target = store.folder(asset, day)
-    with store.atomic_folder(target) as staging:
-        for name, value in sorted(files.items()):
-            data = value.encode("utf-8") if isinstance(value, str) else _pretty_json(value)
-            (staging / name).write_bytes(data)
-    return sha256_tree(target)
-
-
-def _pretty_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, indent=1).encode("utf-8") + b"\n"
-
-
-def load_snapshots(store: ArtifactStore, day: str) -> list[Snapshot]:
-    data = store.read_json("repo_snapshot", day, "snapshots.json")
-    return [Snapshot.model_validate(item) for item in data]
 
 
 def read_results(store: ArtifactStore, asset: str, day: str, model: type[RowT]) -> list[RowT]:
@@ -113,14 +103,3 @@ class LaneUsage:
 
 def ratio(part: int, whole: int) -> float:
     return round(part / whole, 4) if whole else 0.0
-
-
-def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]], limit: int = 60) -> MetadataValue:
-    def cell(value: Any) -> str:
-        return str(value).replace("|", "\\|").replace("\n", " ")[:200]
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows[:limit]]
-    if len(rows) > limit:
-        lines.append(f"| ... {len(rows) - limit} more |" + " |" * (len(header) - 1))
-    return MetadataValue.md("\n".join(lines))

@@ -11,16 +11,7 @@ from typing import Any
 
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
-from lanes_pipeline.cpu_lane.assets.common import (
-    LaneUsage,
-    is_transient,
-    load_snapshots,
-    md_table,
-    ratio,
-    read_results,
-    repo_location,
-    write_partition,
-)
+from lanes_pipeline.cpu_lane.assets.common import LaneUsage, is_transient, ratio, read_results
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.assets.tests import generated_tests
 from lanes_pipeline.cpu_lane.jobs.docstring_day import DocsConfig, DocsCoverage, DocsDay, DocsResult
@@ -29,9 +20,12 @@ from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedDocRow, GeneratedDocsFigures, GeneratedTestRow
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import kind_yield
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource, fail_on_transient_failures
+from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.repos.location import repo_location
+from lanes_pipeline.repos.snapshot import load_snapshots
 from lanes_pipeline.sandbox.isolation import Isolation, detect_isolation
 
 
@@ -64,7 +58,7 @@ def doc_row(repo: str, result: DocsResult) -> GeneratedDocRow:
     )
 
 
-def day_symbols(rows: list[GeneratedTestRow]) -> dict[str, list[str]]:
+def symbols_tested(rows: list[GeneratedTestRow]) -> dict[str, list[str]]:
     """repo -> the symbol ids generated_tests took that day, in its order (changed first, then backlog)."""
     found: dict[str, list[str]] = {}
     for row in rows:
@@ -108,7 +102,7 @@ def generated_docs(
     )
     results_memo = Memo(store, "symbol_docs")
     docs = DocsDay(results_memo, Memo(store, "docs_register"), job, settings.data_dir)
-    chosen = day_symbols(read_results(store, "generated_tests", day, GeneratedTestRow))
+    chosen = symbols_tested(read_results(store, "generated_tests", day, GeneratedTestRow))
     entries = {e.name: e for e in settings.repos.repos}
     isolation: list[Isolation] = []
 

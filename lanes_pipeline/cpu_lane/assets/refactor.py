@@ -1,5 +1,5 @@
-"""`refactor_proposals`: small refactors of the day's symbols (the selection repo_analysis and generated_tests
-took: changed symbols, then the coverage backlog), proposed by the CPU lane as unified diffs only
+"""`refactor_proposals`: small refactors of the day's symbols (day_symbols' choice, as for repo_analysis and
+generated_tests: changed symbols, then the coverage backlog), proposed by the CPU lane as unified diffs only
 (whole-file rewrites are slow on a collapsed prefix cache and are refused), parsed with unidiff, confined
 to the symbol's lines of its file (a hunk that touches any other line is rejected as `outside_symbol`),
 checked with `git apply --check` in a sandbox worktree, then accepted only if the repository's own tests
@@ -22,24 +22,17 @@ from lanes_pipeline.cpu_lane.assets.by_symbol import (
     coverage_table,
     repo_coverage,
 )
-from lanes_pipeline.cpu_lane.assets.common import (
-    load_snapshots,
-    md_table,
-    ratio,
-    read_results,
-    remembered_answer,
-    repo_location,
-    write_partition,
-)
-from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
+from lanes_pipeline.cpu_lane.assets.common import day_repos, ratio, read_results, remembered_answer
+from lanes_pipeline.cpu_lane.assets.snapshot import day_symbols, repo_snapshot
 from lanes_pipeline.cpu_lane.assets.tests import generated_tests
 from lanes_pipeline.cpu_lane.jobs.backlog import RepoCoverage
+from lanes_pipeline.cpu_lane.jobs.day_selection import DaySelection
 from lanes_pipeline.cpu_lane.jobs.judging import DiffJudge, DiffScope
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow, RefactorFigures, RefactorRow, RememberedAnswer
-from lanes_pipeline.cpu_lane.jobs.symbol_test_day import select_day
 from lanes_pipeline.cpu_lane.jobs.tasks import SYMBOL_REFACTOR, TASKS_VERSION
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
+from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.git import read_blobs
@@ -60,21 +53,26 @@ class RefactorDay:
         self,
         questions: SymbolQuestions,
         judge: DiffJudge,
-        selections: Memo,
+        tests_register: Memo,
         register: CoverageRegister,
         model: str,
         max_tokens: int,
-        backlog_per_day: int,
     ) -> None:
-        self.questions, self.judge, self.selections, self.register = questions, judge, selections, register
-        self.model, self.max_tokens, self.backlog_per_day = model, max_tokens, backlog_per_day
+        self.questions, self.judge, self.register = questions, judge, register
+        self.tests_register = tests_register
+        self.model, self.max_tokens = model, max_tokens
 
     def run(
-        self, snapshot: Snapshot, repo: Path, tests: Sequence[GeneratedTestRow], send: Send
+        self,
+        snapshot: Snapshot,
+        repo: Path,
+        selection: DaySelection | None,
+        tests: Sequence[GeneratedTestRow],
+        send: Send,
     ) -> tuple[list[RefactorRow], RepoCoverage | None]:
-        if snapshot.commit is None:
+        """`selection`: the day's symbols (day_symbols); None for a repository without a commit yet."""
+        if snapshot.commit is None or selection is None:
             return [], None
-        selection = select_day(self.selections, snapshot, repo, self.backlog_per_day)
         targets = selection.targets()
         keys = {s.id: refactor_key(self.model, s, self.max_tokens) for s in targets}
         known = self.questions.answers(
@@ -96,7 +94,8 @@ class RefactorDay:
         self.register.add(snapshot.repo, accepted)
         analysed = CoverageRegister(self.register.memo, "analysis").accepted(snapshot.repo)
         proposed = self.register.accepted(snapshot.repo)
-        covered = repo_coverage(snapshot.repo, selection.today.symbols, analysed, self.selections, proposed)
+        symbols = selection.today.symbols
+        covered = repo_coverage(snapshot.repo, symbols, analysed, self.tests_register, proposed)
         return rows, covered
 
 
@@ -124,7 +123,7 @@ def figures(items: list[RefactorRow], checks: Memo, coverage: Sequence[RepoCover
     group_name="cpu_lane",
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
-    deps=[repo_snapshot, generated_tests],
+    deps=[repo_snapshot, day_symbols, generated_tests],
     description="Refactors of the day's symbols as unified diffs confined to each symbol's lines, accepted "
     "only if they apply and every test passes with them.",
 )
@@ -147,17 +146,16 @@ def refactor_proposals(
         CoverageRegister(Memo(store, COVERAGE), "refactor"),
         cpu_lane.config.model,
         config.refactor_max_tokens,
-        config.backlog_per_day,
     )
-    entries = {e.name: e for e in settings.repos.repos}
     tests = read_results(store, "generated_tests", context.partition_key, GeneratedTestRow)
     items: list[RefactorRow] = []
     coverage: list[RepoCoverage] = []
-    for snapshot in load_snapshots(store, context.partition_key):
+    for snapshot, location, selection in day_repos(store, context.partition_key, settings):
         label = f"refactor_proposals {snapshot.repo}"
         rows, covered = day.run(
             snapshot,
-            repo_location(settings, entries[snapshot.repo]),
+            location,
+            selection,
             tests,
             lambda requests, label=label: cpu_lane.run_batch(requests, log=context.log, label=label),
         )

@@ -1,16 +1,21 @@
 """`repo_snapshot`: each configured repository as it was at the end of day D (commit chosen by date, so a
 backfill sees the past), its file inventory, what changed since the day before, what was left out and why,
-and the repo map that becomes the shared prompt prefix of every CPU-lane task."""
+and the repo map that becomes the shared prompt prefix of every CPU-lane task. `day_symbols`: the symbols
+of that commit the CPU-lane jobs work on that day (day_selection.py)."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from datetime import date
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
-from lanes_pipeline.cpu_lane.assets.common import md_table, repo_location, write_partition
+from lanes_pipeline.cpu_lane.jobs.backlog import DayWork
+from lanes_pipeline.cpu_lane.jobs.day_selection import DAY_SYMBOLS, SELECTION_FILE, select_day
+from lanes_pipeline.cpu_lane.jobs.memo import Memo
+from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
-from lanes_pipeline.repos.snapshot import SelectionRules, take_snapshot
+from lanes_pipeline.repos.location import repo_location
+from lanes_pipeline.repos.snapshot import SelectionRules, load_snapshots, take_snapshot
 
 
 @asset(
@@ -63,6 +68,56 @@ def repo_snapshot(
             "commits": MetadataValue.json({s.repo: s.commit for s in snapshots}),
             "left_out": md_table(["repo", "path", "reason", "detail"], left_out),
             "repo_map": MetadataValue.md("\n\n".join(f"```\n{s.repo_map}\n```" for s in snapshots)),
+            "artifact_hash": content_hash,
+        }
+    )
+
+
+@asset(
+    group_name="cpu_lane",
+    deps=[repo_snapshot],
+    description="The day's symbols of each repository that every CPU-lane job works on: new and changed "
+    "since the day before first, then up to backlog_per_day never covered, most referenced first.",
+)
+@with_host_figures
+def day_symbols(
+    context: AssetExecutionContext,
+    artifact_store: ArtifactStoreResource,
+    pipeline_settings: PipelineSettingsResource,
+) -> MaterializeResult:
+    settings = pipeline_settings.load()
+    store = artifact_store.store()
+    entries = {e.name: e for e in settings.repos.repos}
+    register = Memo(store, "tests_register")
+    chosen: dict[str, DayWork] = {}
+    rows = []
+    for snapshot in load_snapshots(store, context.partition_key):
+        if snapshot.commit is None:
+            continue
+        location = repo_location(settings, entries[snapshot.repo])
+        selection = select_day(register, snapshot, location, settings.pipeline.cpu_assets.backlog_per_day)
+        work = chosen[snapshot.repo] = selection.chosen
+        rows.append(
+            (
+                snapshot.repo,
+                len(selection.today.symbols),
+                len(work.changed),
+                len(work.backlog),
+                work.remaining,
+            )
+        )
+    content_hash = write_partition(
+        store,
+        DAY_SYMBOLS,
+        context.partition_key,
+        {SELECTION_FILE: {repo: work.model_dump(mode="json") for repo, work in chosen.items()}},
+    )
+    return MaterializeResult(
+        metadata={
+            "symbols_chosen": sum(len(w.ids) for w in chosen.values()),
+            "changed_symbols": sum(len(w.changed) for w in chosen.values()),
+            "backlog_symbols": sum(len(w.backlog) for w in chosen.values()),
+            "chosen": md_table(["repo", "symbols", "changed", "from the backlog", "backlog left"], rows),
             "artifact_hash": content_hash,
         }
     )

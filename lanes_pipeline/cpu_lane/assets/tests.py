@@ -2,9 +2,9 @@
 symbols first, then up to `backlog_per_day` never-covered ones; `samples_per_item` answers per symbol, each
 the model's example calls of the symbol run in the sandbox at the snapshot commit and written down as
 regression oracles (observed values as the expected ones). A test is accepted only if it passes every
-sandbox run AND fails on both mutants of its symbol; every rejection keeps its reason. Answers, the day's
-selection and the results are remembered, so a re-run asks nothing and runs nothing. Coverage of each
-repository (symbols, covered so far, with an accepted test) goes into the metadata."""
+sandbox run AND fails on both mutants of its symbol; every rejection keeps its reason. The day's symbols
+are day_symbols' choice; answers and results are remembered, so a re-run asks nothing and runs nothing.
+Coverage of each repository (symbols, covered so far, with an accepted test) goes into the metadata."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from collections import Counter
@@ -13,22 +13,15 @@ from typing import Any
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from lanes_pipeline.cpu_lane.assets.analysis import repo_analysis
-from lanes_pipeline.cpu_lane.assets.common import (
-    LaneUsage,
-    is_transient,
-    load_snapshots,
-    md_table,
-    ratio,
-    repo_location,
-    write_partition,
-)
-from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
+from lanes_pipeline.cpu_lane.assets.common import LaneUsage, day_repos, is_transient, ratio
+from lanes_pipeline.cpu_lane.assets.snapshot import day_symbols, repo_snapshot
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow, GeneratedTestsFigures
 from lanes_pipeline.cpu_lane.jobs.symbol_test_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
 from lanes_pipeline.cpu_lane.jobs.symbol_tests import SymbolTestResult
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import kind_yield
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource, fail_on_transient_failures
+from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.host import with_host_figures
@@ -104,7 +97,8 @@ def coverage_table(coverage: list[SymbolTestCoverage]) -> Any:
     group_name="cpu_lane",
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
-    deps=[repo_snapshot, repo_analysis],
+    # After repo_analysis, though it reads none of it: both report coverage from the registers, in one order.
+    deps=[repo_snapshot, day_symbols, repo_analysis],
     description="Generated pytest tests per symbol (changed symbols, then the coverage backlog): regression "
     "oracles sampled per symbol, accepted after passing repeated sandbox runs and failing on both mutants.",
 )
@@ -121,13 +115,11 @@ def generated_tests(
     job = SymbolTestsConfig(
         model=cpu_lane.config.model,
         samples=config.samples_per_item,
-        backlog_per_day=config.backlog_per_day,
         limits=config.sandbox,
         max_tokens=config.tests_max_tokens,
     )
     results_memo = Memo(store, "symbol_tests")
     day = SymbolTestDay(results_memo, Memo(store, "tests_register"), job, settings.data_dir)
-    entries = {e.name: e for e in settings.repos.repos}
     isolation: list[Isolation] = []
 
     def detected() -> Isolation:
@@ -138,11 +130,12 @@ def generated_tests(
     items: list[GeneratedTestRow] = []
     results: list[SymbolTestResult] = []
     coverage: list[SymbolTestCoverage] = []
-    for snapshot in load_snapshots(store, context.partition_key):
+    for snapshot, location, selection in day_repos(store, context.partition_key, settings):
         label = f"generated_tests {snapshot.repo}"
         found, covered = day.run(
             snapshot,
-            repo_location(settings, entries[snapshot.repo]),
+            location,
+            selection,
             lambda requests, label=label: cpu_lane.run_batch(requests, log=context.log, label=label),
             detected,
         )

@@ -17,6 +17,7 @@ from lanes_pipeline.cpu_lane.jobs.docstrings import DocStatus
 from lanes_pipeline.cpu_lane.jobs.symbol_tests import SymbolRejection
 from lanes_pipeline.cpu_lane.jobs.tasks import DiffRejection, FileAnalysis
 from lanes_pipeline.cpu_lane.jobs.verification import DiffVerdict
+from lanes_pipeline.daily.artifacts import Figures
 from lanes_pipeline.sandbox.isolation import Outcome, Verdict
 
 
@@ -179,20 +180,6 @@ class RefactorRow(Row):
 # --- figures: the metadata names each asset writes and the run summary reads ------------------------------
 
 
-class Figures(BaseModel):
-    """Figures of one asset's metadata. Read back from a materialization's whole metadata (other keys are
-    ignored); a figure it lacks reads as 0."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-
-    @classmethod
-    def read(cls, metadata: Mapping[str, Any]) -> Any:
-        return cls.model_validate(dict(metadata))
-
-    def metadata(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True)
-
-
 class LaneUsageFigures(Figures):
     """What a CPU-lane asset asked the lane (SymbolQuestions): `llm_requests` is the count the summary's
     "0 LLM calls" proof adds up."""
@@ -280,10 +267,3 @@ class RefactorFigures(Figures):
     symbols: int = 0
     symbols_with_accepted_proposal: int = 0
     proposal_coverage: float = 0.0
-
-
-class DatasetFigures(Figures):
-    candidates: int = 0
-    train_rows: int = 0
-    eval_rows: int = 0
-    row_count: int = Field(0, alias="dagster/row_count")

@@ -1,9 +1,7 @@
 """`generated_tests`' work on one repository for one day, symbol by symbol.
 
-1. The day's symbols (repos/scan.py, backlog.py): new and changed since the previous day's commit first,
-   then up to `backlog_per_day` never-covered ones. The selection is remembered per (repository, day,
-   commit), so a re-run or a backfill of a day takes the same symbols whatever other days did since; the
-   repository's register of covered symbols (memo keys asked, ids with an accepted test) grows as days run.
+1. The day's symbols, as the `day_symbols` asset chose them (day_selection.py); the repository's register
+   of covered symbols (memo keys asked, ids with an accepted test) grows as days run.
 2. The repository's environment (repo_env): none needed without dependency files (the project's Python runs
    the tests); when one is needed and cannot be built, the reason is recorded and no test is asked that day.
 3. Each symbol's oracle job (symbol_tests), remembered under what decides it (the symbol's memo key, the
@@ -16,25 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, names_deterministic_failure
-from lanes_pipeline.cpu_lane.jobs.backlog import day_work, is_covered
+from lanes_pipeline.cpu_lane.jobs.backlog import is_covered
+from lanes_pipeline.cpu_lane.jobs.day_selection import DAY_VERSION, DaySelection, register_of
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.jobs.symbol_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
-from lanes_pipeline.repos.scan import SymbolsAt, symbols_at
-from lanes_pipeline.repos.snapshot import Snapshot, is_test_path
+from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation
 from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.settings import SandboxLimits
-
-DAY_VERSION = 1  # bump when the selection or the job changes in a way that should forget remembered results
-
 
 # Verdicts reached without a sandbox: nothing to run, or rejected on its text alone.
 NO_SANDBOX = frozenset({"no_answer", "no_calls", "rejected_static"})
@@ -60,56 +54,11 @@ class SymbolTestCoverage(Frozen):
 class SymbolTestsConfig(Frozen):
     model: str
     samples: int
-    backlog_per_day: int
     limits: SandboxLimits
     max_tokens: int | None = None
 
 
 Send = Callable[[Sequence[BatchRequest]], BatchResult]
-
-
-def register_of(register: Memo, repo: str) -> tuple[str, set[str], set[str]]:
-    """(the register's key, memo keys of symbols covered so far, ids of symbols with an accepted test)."""
-    key = memo_key("tests_register", DAY_VERSION, repo)
-    value = register.get(key) or {"covered": [], "accepted": []}
-    return key, set(value["covered"]), set(value["accepted"])
-
-
-class DaySelection(Frozen):
-    """The day's symbols of a repository: `chosen` holds their ids (changed, backlog) and `remaining`."""
-
-    today: SymbolsAt
-    chosen: dict[str, Any]
-
-    def targets(self) -> list[Symbol]:
-        by_id = self.today.by_id()
-        return [by_id[i] for i in [*self.chosen["changed"], *self.chosen["backlog"]] if i in by_id]
-
-
-def select_day(register: Memo, snapshot: Snapshot, repo: Path, backlog_per_day: int) -> DaySelection:
-    """The day's symbols, remembered per (repository, day, commit, budget) in `register`: whichever CPU-lane
-    asset asks first (repo_analysis, then generated_tests and refactor_proposals) makes the selection, so
-    all of them work on the same symbols that day, on a re-run and in a backfill."""
-    if snapshot.commit is None:
-        raise ValueError(f"{snapshot.repo} has no commit on {snapshot.day}: no symbols to select")
-    paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
-    today = symbols_at(repo, snapshot.commit, paths)
-    selection_key = memo_key(
-        "tests_selection",
-        DAY_VERSION,
-        snapshot.repo,
-        snapshot.day.isoformat(),
-        snapshot.commit,
-        backlog_per_day,
-    )
-    chosen = register.get(selection_key)
-    if chosen is None:
-        _, covered, _ = register_of(register, snapshot.repo)
-        before = symbols_at(repo, snapshot.previous_commit).symbols if snapshot.previous_commit else []
-        work, _ = day_work(today, before, covered, backlog_per_day)
-        chosen = {"changed": work.changed, "backlog": work.backlog, "remaining": work.remaining}
-        register.put(selection_key, chosen)
-    return DaySelection(today=today, chosen=chosen)
 
 
 class SymbolTestDay:
@@ -123,11 +72,16 @@ class SymbolTestDay:
         self.verified = 0  # answers this run took into a sandbox (remembered results need none)
 
     def run(
-        self, snapshot: Snapshot, repo: Path, send: Send, isolation: Callable[[], Isolation]
+        self,
+        snapshot: Snapshot,
+        repo: Path,
+        selection: DaySelection | None,
+        send: Send,
+        isolation: Callable[[], Isolation],
     ) -> tuple[list[SymbolTestResult], SymbolTestCoverage | None]:
-        if snapshot.commit is None:
+        """`selection`: the day's symbols (day_symbols); None for a repository without a commit yet."""
+        if snapshot.commit is None or selection is None:
             return [], None
-        selection = select_day(self.register, snapshot, repo, self.config.backlog_per_day)
         today, chosen, targets = selection.today, selection.chosen, selection.targets()
         register_key, covered, accepted = register_of(self.register, snapshot.repo)
         python, reason = self._environment(repo, snapshot.commit)
@@ -149,9 +103,9 @@ class SymbolTestDay:
             symbols=len(today.symbols),
             covered=sum(is_covered(s, covered) for s in today.symbols),
             with_accepted_test=sum(s.id in accepted for s in today.symbols),
-            changed_today=len(chosen["changed"]),
-            backlog_today=len(chosen["backlog"]),
-            remaining=chosen["remaining"],
+            changed_today=len(chosen.changed),
+            backlog_today=len(chosen.backlog),
+            remaining=chosen.remaining,
             left_out=today.left_out,
             environment=reason,
         )

@@ -16,7 +16,7 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from lanes_pipeline.bench.cpu_yield import docs_yield
-from lanes_pipeline.cpu_lane.assets.docs import day_symbols, doc_row, generated_docs
+from lanes_pipeline.cpu_lane.assets.docs import doc_row, generated_docs, symbols_tested
 from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemFailure, ItemResult
@@ -464,7 +464,7 @@ def test_generated_tests_rows_give_the_day_symbols_in_order() -> None:
         for name in ("g", "f")
     ]
     rows.append(rows[0].model_copy(update={"symbol": None}))
-    assert day_symbols(rows) == {"a": ["m.py::g", "m.py::f"]}
+    assert symbols_tested(rows) == {"a": ["m.py::g", "m.py::f"]}
 
 
 # ---------------------------------------------------------------------------------------------------------

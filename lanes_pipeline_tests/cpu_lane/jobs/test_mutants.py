@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import lanes_pipeline.cpu_lane.sample_repo as sample_repo
+import lanes_pipeline.repos.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.jobs.mutants import MutationError, mutants, mutate
 
 TEXTWRAP = Path(textwrap.__file__).read_text(encoding="utf-8")

@@ -19,6 +19,7 @@ from lanes_pipeline.cpu_lane.assets.refactor import RefactorDay
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batching.batch_summary import summarize
+from lanes_pipeline.cpu_lane.jobs.day_selection import DaySelection, select_day
 from lanes_pipeline.cpu_lane.jobs.judging import DiffJudge
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.cpu_lane.jobs.rows import AnalysisAnswer
@@ -108,7 +109,12 @@ def snapshots(tmp_path: Path) -> tuple[Path, list[Snapshot]]:
 
 def analysis_day(store: ArtifactStore, questions: SymbolQuestions) -> AnalysisDay:
     register = CoverageRegister(Memo(store, COVERAGE), "analysis")
-    return AnalysisDay(questions, Memo(store, "tests_register"), register, "m", 128, backlog_per_day=100)
+    return AnalysisDay(questions, Memo(store, "tests_register"), register, "m", 128)
+
+
+def chosen(store: ArtifactStore, snapshot: Snapshot, repo: Path, backlog_per_day: int = 100) -> DaySelection:
+    """The day's symbols, as the day_symbols asset chooses them."""
+    return select_day(Memo(store, "tests_register"), snapshot, repo, backlog_per_day)
 
 
 def test_a_module_over_max_file_bytes_is_analysed_symbol_by_symbol_and_an_edit_reasks_one(
@@ -122,7 +128,7 @@ def test_a_module_over_max_file_bytes_is_analysed_symbol_by_symbol_and_an_edit_r
     questions = SymbolQuestions("repo_analysis", Memo(store, "analysis"))
     day = analysis_day(store, questions)
 
-    row, covered = day.run(day1, repo, lane)
+    row, covered = day.run(day1, chosen(store, day1, repo), lane)
     assert len(lane.asked) == FUNCTIONS and questions.asked == FUNCTIONS
     assert [f.symbol for f in row.files] == [f"scale_{i}" for i in range(FUNCTIONS)]
     assert all(f.path == "pkg/scaling.py" and f.accepted for f in row.files)
@@ -133,11 +139,11 @@ def test_a_module_over_max_file_bytes_is_analysed_symbol_by_symbol_and_an_edit_r
 
     # A re-run of day 1 asks nothing and gives the same rows.
     lane.asked.clear()
-    assert day.run(day1, repo, lane)[0] == row and lane.asked == []
+    assert day.run(day1, chosen(store, day1, repo), lane)[0] == row and lane.asked == []
 
     # Day 2 edits scale_7 only: only it is asked; every other symbol's answer comes from the memo.
     hits = questions.memo.hits
-    row2, covered2 = day.run(day2, repo, lane)
+    row2, covered2 = day.run(day2, chosen(store, day2, repo), lane)
     assert lane.asked == ["big:pkg/scaling.py::scale_7"]
     assert questions.memo.hits - hits == FUNCTIONS - 1
     assert row2.files[0].symbol == "scale_7"  # the changed symbol first, then the backlog
@@ -154,8 +160,7 @@ def test_refactors_of_the_days_symbols_are_confined_to_their_lines(tmp_path: Pat
         CoverageRegister(Memo(store, COVERAGE), "analysis"),
         "m",
         128,
-        backlog_per_day=2,
-    ).run(day1, repo, FakeLane(analysis_of, parsed=True))
+    ).run(day1, chosen(store, day1, repo, 2), FakeLane(analysis_of, parsed=True))
 
     doc, line, after = function(0).splitlines()[1:4]
 
@@ -174,9 +179,8 @@ def test_refactors_of_the_days_symbols_are_confined_to_their_lines(tmp_path: Pat
         CoverageRegister(Memo(store, COVERAGE), "refactor"),
         "m",
         128,
-        backlog_per_day=2,
     )
-    rows, covered = day.run(day1, repo, [], lane)
+    rows, covered = day.run(day1, repo, chosen(store, day1, repo, 2), [], lane)
     # The same two symbols analysis took (the remembered selection), most referenced first then by line.
     assert [r.symbol for r in rows] == ["scale_0", "scale_1"] and len(lane.asked) == 2
     inside, outside = rows

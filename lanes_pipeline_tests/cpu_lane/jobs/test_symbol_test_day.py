@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
-import lanes_pipeline.cpu_lane.sample_repo as sample_repo
+import lanes_pipeline.repos.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batching.batch_summary import summarize
+from lanes_pipeline.cpu_lane.jobs.day_selection import select_day
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
-from lanes_pipeline.cpu_lane.jobs.symbol_test_day import SymbolTestDay, SymbolTestsConfig
+from lanes_pipeline.cpu_lane.jobs.symbol_test_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
+from lanes_pipeline.cpu_lane.jobs.symbol_tests import SymbolTestResult
 from lanes_pipeline.git import build_history, ls_tree
 from lanes_pipeline.repos.snapshot import FileEntry, Snapshot, language_of
 from lanes_pipeline.sandbox.isolation import detect_isolation
@@ -70,15 +72,21 @@ def test_a_day_takes_changed_symbols_then_the_backlog_and_a_rerun_asks_nothing(t
     repo = tmp_path / "repo"
     commits = [build_history(repo, [spec]) for spec in sample_repo.history(sample_repo.FIRST_MODULES)]
     store = ArtifactStore(tmp_path / "artifacts")
-    config = SymbolTestsConfig(
-        model="m", samples=1, backlog_per_day=2, limits=SandboxLimits(timeout_s=30, runs=1)
-    )
+    config = SymbolTestsConfig(model="m", samples=1, limits=SandboxLimits(timeout_s=30, runs=1))
     lane = FakeLane()
-    day = SymbolTestDay(Memo(store, "symbol_tests"), Memo(store, "tests_register"), config, tmp_path)
+    register = Memo(store, "tests_register")
+    day = SymbolTestDay(Memo(store, "symbol_tests"), register, config, tmp_path)
     isolation = detect_isolation()
     snaps = [snapshot(repo, c, commits[i - 1] if i else None, i + 1) for i, c in enumerate(commits)]
 
-    results, coverage = day.run(snaps[0], repo, lane, lambda: isolation)
+    def run_day(index: int) -> tuple[list[SymbolTestResult], SymbolTestCoverage | None]:
+        """The day's job on the symbols day_symbols would choose (2 from the backlog a day)."""
+        selection = select_day(register, snaps[index], repo, 2)
+        return day.run(snaps[index], repo, selection, lane, lambda: isolation)
+
+    results, coverage = day.run(
+        snaps[0], repo, select_day(register, snaps[0], repo, 2), lane, lambda: isolation
+    )
     assert [r.name for r in results] == ["words", "word_count"] and all(r.accepted_tests for r in results)
     assert coverage is not None
     assert (coverage.symbols, coverage.covered, coverage.with_accepted_test, coverage.remaining) == (
@@ -91,22 +99,28 @@ def test_a_day_takes_changed_symbols_then_the_backlog_and_a_rerun_asks_nothing(t
 
     assert day.verified == 2 and day.asked == 2
     lane.asked.clear()
-    again, coverage_again = day.run(snaps[0], repo, lane, lambda: isolation)
+    again, coverage_again = day.run(
+        snaps[0], repo, select_day(register, snaps[0], repo, 2), lane, lambda: isolation
+    )
     assert lane.asked == [] and again == results and coverage_again == coverage  # remembered, asked nothing
     assert day.verified == 2  # and judged nothing
 
-    results, coverage = day.run(snaps[1], repo, lane, lambda: isolation)
+    results, coverage = day.run(
+        snaps[1], repo, select_day(register, snaps[1], repo, 2), lane, lambda: isolation
+    )
     assert [r.name for r in results] == ["slugify", "average_word_length", "top_words"]
     assert [r.answers[0].status for r in results] == ["accepted", "accepted", "survives_mutant"]
     assert coverage is not None and (coverage.changed_today, coverage.backlog_today) == (2, 1)
     assert (coverage.symbols, coverage.covered, coverage.with_accepted_test) == (5, 5, 4)
 
     lane.asked.clear()
-    results, coverage = day.run(snaps[2], repo, lane, lambda: isolation)
+    results, coverage = day.run(
+        snaps[2], repo, select_day(register, snaps[2], repo, 2), lane, lambda: isolation
+    )
     assert lane.asked == ["oracle:slug.py::slugify#s0", "oracle:slug.py::unique_slug#s0"]
     assert coverage is not None and (coverage.symbols, coverage.with_accepted_test) == (6, 5)
     assert coverage.share() == round(5 / 6, 4)
     # A backfill of day 1 after day 3 takes day 1's symbols again, from memory.
     lane.asked.clear()
-    backfill, _ = day.run(snaps[0], repo, lane, lambda: isolation)
+    backfill, _ = run_day(0)
     assert [r.name for r in backfill] == ["words", "word_count"] and lane.asked == []

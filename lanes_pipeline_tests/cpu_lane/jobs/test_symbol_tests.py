@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import lanes_pipeline.cpu_lane.sample_repo as sample_repo
+import lanes_pipeline.repos.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.batching.answer_cache import ResponseCache, cache_key
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult, BatchRunner
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemFailure, ItemResult

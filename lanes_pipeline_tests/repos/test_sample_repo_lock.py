@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane import sample_repo
-from lanes_pipeline.cpu_lane.sample_repo import ensure_sample_repo, is_current
+from lanes_pipeline.repos import sample_repo
+from lanes_pipeline.repos.sample_repo import ensure_sample_repo, is_current
 
 
 def test_a_run_waits_for_the_build_in_progress(tmp_path: Path) -> None:

@@ -1,0 +1,177 @@
+"""`accepted_work`: the day's verified CPU-lane results in the dataset contract's terms (dataset/writer.py's
+AcceptedWork), the one thing the dataset reads from the CPU lane: explain <- accepted analyses, write tests
+<- accepted tests, write docs <- accepted docstrings, propose a diff <- accepted diffs, each with the code it
+answers at the day's commit; and the accepted tests of each symbol, which judge the held-out tasks."""
+
+# No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
+from dagster import AssetExecutionContext, MaterializeResult, asset
+
+from lanes_pipeline.cpu_lane.assets.analysis import repo_analysis
+from lanes_pipeline.cpu_lane.assets.common import read_results
+from lanes_pipeline.cpu_lane.assets.docs import generated_docs
+from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
+from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
+from lanes_pipeline.cpu_lane.assets.tests import generated_tests
+from lanes_pipeline.cpu_lane.jobs.docstrings import docs_candidates
+from lanes_pipeline.cpu_lane.jobs.rows import AnalysisRow, GeneratedDocRow, GeneratedTestRow, RefactorRow
+from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
+from lanes_pipeline.daily.artifacts import write_partition
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.dataset.contract import TASKS
+from lanes_pipeline.dataset.holdout import symbol_with_context
+from lanes_pipeline.dataset.writer import ACCEPTED_FILE, ACCEPTED_WORK, AcceptedWork, Candidate
+from lanes_pipeline.git import read_blobs
+from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.repos.location import repo_location
+from lanes_pipeline.repos.snapshot import Snapshot, load_snapshots
+from lanes_pipeline.repos.symbols import Symbol, all_symbols, scan_repo
+from lanes_pipeline.settings import Settings
+
+
+def explanation(analysis: FileAnalysis) -> str:
+    """An accepted analysis as the assistant's answer to "explain this code"."""
+    parts = [f"Summary: {analysis.summary.strip()}"]
+    if analysis.public_api:
+        parts.append("Public API: " + ", ".join(analysis.public_api))
+    if analysis.risks:
+        parts.append("Risks:\n" + "\n".join(f"- {r}" for r in analysis.risks))
+    if analysis.test_ideas:
+        parts.append("Test ideas:\n" + "\n".join(f"- {t}" for t in analysis.test_ideas))
+    parts.append(f"Complexity: {analysis.complexity}")
+    return "\n".join(parts)
+
+
+def candidates_of_day(
+    analyses: list[AnalysisRow],
+    tests: list[GeneratedTestRow],
+    diffs: list[RefactorRow],
+    changed: dict[str, set[str]],
+    sources: dict[tuple[str, str], str],
+) -> list[Candidate]:
+    """Accepted results only: analyses (of the day's symbols, or of files changed that day in rows written
+    before analysis went by symbol), passing tests, accepted diffs. Pure."""
+    found: list[Candidate] = []
+    for repo in analyses:
+        symbols = _symbols_of(repo.repo, sources) if any(f.symbol for f in repo.files) else {}
+        for item in repo.files:
+            if not item.accepted or item.analysis is None:
+                continue
+            source = sources[(repo.repo, item.path)]
+            if item.symbol is None:
+                if item.path in changed.get(repo.repo, set()):
+                    found.append(
+                        Candidate(
+                            task="explain",
+                            repo=repo.repo,
+                            path=item.path,
+                            code=source,
+                            answer=explanation(item.analysis),
+                        )
+                    )
+                continue
+            symbol = symbols.get((item.path, item.symbol))
+            if symbol is not None:  # gone from the file since it was analysed: nothing to show
+                shown = symbol_with_context(symbol)
+                found.append(
+                    Candidate(
+                        task="explain",
+                        repo=repo.repo,
+                        path=item.path,
+                        code=shown,
+                        answer=explanation(item.analysis),
+                        symbol=item.symbol,
+                        code_is_file=False,
+                    )
+                )
+    for test in tests:
+        if test.accepted and test.code is not None:
+            found.append(
+                Candidate(
+                    task="write_tests",
+                    repo=test.repo,
+                    path=test.path,
+                    code=sources[(test.repo, test.path)],
+                    answer=f"```python\n{test.code.rstrip()}\n```",
+                    symbol=test.symbol,
+                )
+            )
+    for diff in diffs:
+        if diff.accepted and diff.diff is not None:
+            found.append(
+                Candidate(
+                    task="refactor_diff",
+                    repo=diff.repo,
+                    path=diff.path,
+                    code=sources[(diff.repo, diff.path)],
+                    answer=f"```diff\n{diff.diff.rstrip()}\n```",
+                    symbol=diff.symbol,
+                )
+            )
+    return found
+
+
+def _symbols_of(repo: str, sources: dict[tuple[str, str], str]) -> dict[tuple[str, str], Symbol]:
+    """(path, name) -> symbol, scanned with the whole repository (callees' context crosses modules)."""
+    scans = scan_repo({path: text for (name, path), text in sources.items() if name == repo})
+    return {(s.path, s.name): s for s in all_symbols(scans)}
+
+
+def tests_by_symbol(rows: list[GeneratedTestRow]) -> dict[str, dict[str, list[str]]]:
+    """repo -> symbol name -> the day's accepted test modules for it. Pure."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for row in rows:
+        if row.accepted and row.code is not None and row.symbol is not None:
+            found.setdefault(row.repo, {}).setdefault(row.symbol, []).append(row.code)
+    return found
+
+
+def day_sources(settings: Settings, snapshots: list[Snapshot]) -> dict[tuple[str, str], str]:
+    """(repo, path) -> the file's text at the day's commit, for every file of the day's snapshots."""
+    entries = {e.name: e for e in settings.repos.repos}
+    sources: dict[tuple[str, str], str] = {}
+    for snapshot in snapshots:
+        if snapshot.commit is None:
+            continue
+        blobs = read_blobs(repo_location(settings, entries[snapshot.repo]), [f.blob for f in snapshot.files])
+        sources.update({(snapshot.repo, f.path): blobs[f.blob].decode("utf-8") for f in snapshot.files})
+    return sources
+
+
+@asset(
+    group_name="cpu_lane",
+    # Every asset whose results it reads: the day's snapshots, and the accepted work of each job.
+    deps=[repo_snapshot, repo_analysis, generated_tests, refactor_proposals, generated_docs],
+    description="The day's accepted CPU-lane results as dataset candidates (explain, write tests, write "
+    "docs, propose a diff), and each symbol's accepted tests.",
+)
+@with_host_figures
+def accepted_work(
+    context: AssetExecutionContext,
+    artifact_store: ArtifactStoreResource,
+    pipeline_settings: PipelineSettingsResource,
+) -> MaterializeResult:
+    settings = pipeline_settings.load()
+    store = artifact_store.store()
+    day = context.partition_key
+    snapshots = load_snapshots(store, day)
+    sources = day_sources(settings, snapshots)
+    generated = read_results(store, "generated_tests", day, GeneratedTestRow)
+    candidates = candidates_of_day(
+        read_results(store, "repo_analysis", day, AnalysisRow),
+        generated,
+        read_results(store, "refactor_proposals", day, RefactorRow),
+        {s.repo: set(s.changed) for s in snapshots},
+        sources,
+    )
+    candidates += docs_candidates(read_results(store, "generated_docs", day, GeneratedDocRow), sources)
+    tests = tests_by_symbol(generated)
+    work = AcceptedWork(candidates=candidates, tests=tests)
+    content_hash = write_partition(store, ACCEPTED_WORK, day, {ACCEPTED_FILE: work.model_dump(mode="json")})
+    return MaterializeResult(
+        metadata={
+            "candidates": len(candidates),
+            **{f"candidates_{task}": sum(c.task == task for c in candidates) for task in TASKS},
+            "symbols_with_accepted_tests": sum(len(v) for v in tests.values()),
+            "artifact_hash": content_hash,
+        }
+    )

@@ -1,0 +1,230 @@
+"""The dataset's daily assets, between the lanes.
+
+`held_out_tasks`: each repository's split of the day (holdout.py, held_out.py): the held-out symbols, the
+held-out functions with passing tests that become the GPU lane's repository tasks, and the functions new or
+changed that day to teach ("write the body").
+
+`lora_dataset`: the CPU lane's accepted work (`accepted_work`) and the day's functions to teach, routed by
+the split (rows about held-out symbols to eval only, their bodies masked out of training code), scrubbed of
+secrets and prompt injection, deduplicated, fitted to the base model's max sequence length with its own
+tokenizer, saved with `datasets` at `<artifacts>/lora_dataset/<day>/` (contract.py).
+"""
+
+# No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
+from pathlib import Path
+
+from dagster import AssetDep, AssetExecutionContext, AssetKey, MaterializeResult, MetadataValue, asset
+
+from lanes_pipeline.daily.artifacts import md_table, write_partition
+from lanes_pipeline.daily.partitions import previous_day
+from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.dataset.held_out import (
+    HELD_OUT_FILE,
+    HELD_OUT_TASKS,
+    SPLITS_FILE,
+    HeldOutDay,
+    RepoHoldOut,
+    held_out_of_repo,
+    load_splits,
+)
+from lanes_pipeline.dataset.holdout import body_candidate, route
+from lanes_pipeline.dataset.writer import (
+    ACCEPTED_FILE,
+    ACCEPTED_WORK,
+    AcceptedWork,
+    Candidate,
+    DatasetFigures,
+    load_token_counter,
+    save_dataset,
+    shape,
+)
+from lanes_pipeline.embedded.engines import embedded_hf_model
+from lanes_pipeline.errors import about
+from lanes_pipeline.host import with_host_figures
+from lanes_pipeline.repos.location import repo_location
+from lanes_pipeline.repos.scan import body_text
+from lanes_pipeline.repos.snapshot import load_snapshots
+from lanes_pipeline.settings import EMBEDDED, Settings
+from lanes_pipeline.store import ArtifactStore, sha256_tree
+
+REPO_SNAPSHOT = AssetKey("repo_snapshot")
+ACCEPTED_WORK_KEY, HELD_OUT_TASKS_KEY = AssetKey(ACCEPTED_WORK), AssetKey(HELD_OUT_TASKS)
+
+
+def base_model_dir(settings: Settings) -> Path:
+    if settings.training.base_model_dir == EMBEDDED:
+        return embedded_hf_model(settings.data_dir)
+    return Path(settings.training.base_model_dir)
+
+
+def load_accepted_work(store: ArtifactStore, day: str) -> AcceptedWork:
+    """accepted_work's partition of the day, as it wrote it."""
+    where = store.folder(ACCEPTED_WORK, day) / ACCEPTED_FILE
+    if not where.is_file():
+        raise FileNotFoundError(f"{ACCEPTED_WORK} has no partition {day} ({where}): materialize it first")
+    try:
+        return AcceptedWork.model_validate(store.read_json(ACCEPTED_WORK, day, ACCEPTED_FILE))
+    except ValueError as exc:
+        raise ValueError(f"{where}: not the CPU lane's accepted work: {exc}") from exc
+
+
+def taught_before(store: ArtifactStore, day: str) -> bool:
+    """Whether an earlier day's split was made: on the first one (a new install, whose repository need not
+    have changed that day) every function is new to the adapter and is taught."""
+    root = store.root / HELD_OUT_TASKS
+    return root.is_dir() and any(child.name < day for child in root.iterdir() if child.is_dir())
+
+
+def skipped_of(splits: dict[str, RepoHoldOut]) -> dict[str, str]:
+    """`repo: symbol id` -> why the day went on without it."""
+    return {f"{repo}: {i}": why for repo, split in sorted(splits.items()) for i, why in split.skipped.items()}
+
+
+@asset(
+    group_name="dataset",
+    # Its own day before: whether anything was taught yet (taught_before) is read from the earlier days.
+    deps=[REPO_SNAPSHOT, ACCEPTED_WORK_KEY, AssetDep(HELD_OUT_TASKS_KEY, partition_mapping=previous_day())],
+    description="The day's held-out symbols, the held-out functions with passing tests (the GPU lane's "
+    "repository tasks) and the new or changed functions to teach.",
+)
+@with_host_figures
+def held_out_tasks(
+    context: AssetExecutionContext,
+    artifact_store: ArtifactStoreResource,
+    pipeline_settings: PipelineSettingsResource,
+) -> MaterializeResult:
+    settings = pipeline_settings.load()
+    store = artifact_store.store()
+    day = context.partition_key
+    accepted = load_accepted_work(store, day).tests
+    first = not taught_before(store, day)
+    percent = settings.pipeline.dataset.held_out_percent
+    entries = {e.name: e for e in settings.repos.repos}
+    tasks = HeldOutDay(held_out_percent=percent)
+    splits: dict[str, RepoHoldOut] = {}
+    for snapshot in load_snapshots(store, day):
+        if snapshot.commit is None:
+            continue
+        split = held_out_of_repo(
+            snapshot,
+            repo_location(settings, entries[snapshot.repo]),
+            percent,
+            accepted.get(snapshot.repo, {}),
+            settings.pipeline.cpu_assets.sandbox,
+            teach_all=first,
+        )
+        splits[snapshot.repo] = split
+        tasks.bodies[snapshot.repo] = {}
+        for symbol in split.held:
+            with about(
+                f"held-out symbol {snapshot.repo}: {symbol.id} (lines {symbol.start_line}-{symbol.end_line})"
+            ):
+                tasks.bodies[snapshot.repo][symbol.id] = body_text(symbol)
+        for symbol_id, reason in sorted(split.skipped.items()):
+            context.log.warning(
+                f"{snapshot.repo}: {symbol_id} skipped (the day goes on without it): {reason}"
+            )
+        tasks.functions.extend(split.functions)
+        if split.problem is not None:
+            context.log.warning(f"{snapshot.repo}: no held-out task, nothing taught today: {split.problem}")
+        context.log.info(
+            f"{snapshot.repo}: {len(split.held)} held-out symbol(s), {len(split.functions)} with passing "
+            f"tests; {len(split.taught)} new or changed function(s) to write the body of"
+        )
+    content_hash = write_partition(
+        store,
+        HELD_OUT_TASKS,
+        day,
+        {
+            HELD_OUT_FILE: tasks.model_dump(mode="json"),
+            SPLITS_FILE: {repo: split.model_dump(mode="json") for repo, split in splits.items()},
+        },
+    )
+    return MaterializeResult(
+        metadata={
+            "held_out_percent": percent,
+            "held_out_symbols": sum(len(v.held) for v in splits.values()),
+            "held_out_tasks": len(tasks.functions),
+            "functions_to_teach": sum(len(v.taught) for v in splits.values()),
+            "first_day": first,
+            "skipped_symbols": sum(len(v.skipped) for v in splits.values()),
+            "skipped": MetadataValue.json(skipped_of(splits)),
+            "held_out_problems": MetadataValue.json(
+                {repo: split.problem for repo, split in splits.items() if split.problem is not None}
+            ),
+            "artifact_hash": content_hash,
+        }
+    )
+
+
+def _routed(candidate: Candidate, split: RepoHoldOut | None) -> Candidate:
+    where = f"{candidate.task} row of {candidate.repo}: {candidate.path}" + (
+        f"::{candidate.symbol}" if candidate.symbol else ""
+    )
+    with about(where):
+        return route(candidate, split.held, split.unmaskable) if split is not None else route(candidate, [])
+
+
+def _no_tokens(messages: list[dict[str, str]]) -> int:
+    raise AssertionError("no candidate, nothing to count")  # shape() counts candidates only
+
+
+@asset(
+    group_name="dataset",
+    deps=[ACCEPTED_WORK_KEY, held_out_tasks],
+    description="Chat-format LoRA dataset of the day (train/eval): the CPU lane's accepted work and the "
+    "day's functions to teach, rows about held-out symbols in eval only.",
+)
+@with_host_figures
+def lora_dataset(
+    context: AssetExecutionContext,
+    artifact_store: ArtifactStoreResource,
+    pipeline_settings: PipelineSettingsResource,
+) -> MaterializeResult:
+    settings = pipeline_settings.load()
+    store = artifact_store.store()
+    day = context.partition_key
+    candidates = list(load_accepted_work(store, day).candidates)
+    splits = load_splits(store, day)
+    for repo, split in sorted(splits.items()):
+        for symbol in split.taught:
+            with about(f"{repo}: {symbol.id} (lines {symbol.start_line}-{symbol.end_line})"):
+                candidates.append(body_candidate(repo, symbol))
+    candidates = [_routed(c, splits.get(c.repo)) for c in candidates]
+    dataset_config = settings.pipeline.dataset
+    shaped = shape(
+        candidates,
+        dataset_config.system_prompt,
+        load_token_counter(base_model_dir(settings)) if candidates else _no_tokens,
+        settings.training.max_seq_len,
+        dataset_config.near_duplicate_threshold,
+    )
+    target = store.folder("lora_dataset", day)
+    with store.atomic_folder(target) as staging:
+        save_dataset(shaped, staging)
+    content_hash = sha256_tree(target)
+    write_partition(
+        store,
+        "lora_dataset_report",
+        day,
+        {"report.json": {"counts": shaped.counts(), "dropped": [d.model_dump() for d in shaped.dropped]}},
+    )
+    counts = shaped.counts()
+    return MaterializeResult(
+        metadata={
+            **counts,
+            **DatasetFigures(
+                candidates=len(candidates),
+                train_rows=counts["train_rows"],
+                eval_rows=counts["eval_rows"],
+                row_count=counts["train_rows"] + counts["eval_rows"],
+            ).metadata(),
+            "max_seq_len": settings.training.max_seq_len,
+            "dropped": md_table(
+                ["task", "repo", "path", "reason", "detail"],
+                [(d.task, d.repo, d.path, d.reason, d.detail) for d in shaped.dropped],
+            ),
+            "path": MetadataValue.path(str(target)),
+            "artifact_hash": content_hash,
+        }
+    )
