@@ -14,9 +14,14 @@ from dagster import (
     multiprocess_executor,
 )
 
-from lanes_pipeline.cpu_lane.assets import accepted, analysis, refactor, snapshot
-from lanes_pipeline.cpu_lane.assets import docs as docgen
-from lanes_pipeline.cpu_lane.assets import tests as testgen
+from lanes_pipeline.cpu_lane.assets import (
+    accepted_work,
+    generated_docs,
+    generated_tests,
+    refactor_proposals,
+    repo_analysis,
+    repo_snapshot,
+)
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
@@ -44,7 +49,15 @@ STEP_EXECUTOR = multiprocess_executor.configured(
 
 # The lane assets, one partition per day; the lane probes are not partitioned (they run in every run).
 # The CPU lane's day and the dataset it feeds: what a day materializes before the GPU lane.
-CPU_DAY_MODULES = [snapshot, analysis, testgen, docgen, refactor, accepted, dataset]
+CPU_DAY_MODULES = [
+    repo_snapshot,
+    repo_analysis,
+    generated_tests,
+    generated_docs,
+    refactor_proposals,
+    accepted_work,
+    dataset,
+]
 DAILY_MODULES = [*CPU_DAY_MODULES, gpu_lane]
 
 

@@ -9,7 +9,7 @@ lora_dataset), and `results.cpu_yield` gets, per task kind, verified_sampling.Ki
 accepted, targets_with_accepted, pass_at_1, pass_at_n):
 
 - `analysis`: repo_analysis's symbols (one answer each, not sampled; one target per symbol and day);
-- `tests`: generated_tests, which works symbol by symbol (symbol_test_day): each day's changed symbols, then
+- `tests`: generated_tests, which works symbol by symbol (tests_day.py): each day's changed symbols, then
   the backlog (`backlog_per_day`), `samples_per_item` answers per symbol, each a set of regression oracles
   accepted only if it passes the sandbox runs and kills both mutants of its symbol; one target per symbol
   and day;

@@ -16,7 +16,7 @@ from pydantic import PrivateAttr
 
 from lanes_pipeline.bench.cpu_yield import empty_data_dir, sample_days
 from lanes_pipeline.bench.drills import Send, kill_counts
-from lanes_pipeline.cpu_lane.assets import analysis, snapshot
+from lanes_pipeline.cpu_lane.assets import repo_analysis, repo_snapshot
 from lanes_pipeline.cpu_lane.batching.answer_cache import CacheEntry, ResponseCache, cache_key
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
@@ -232,7 +232,7 @@ def _kill_drill(
 # The first stage of the CPU-lane assets: what two runs share (the sample repository, the answer cache, the
 # memo, the artifact store) is all used here; the later stages (sampled tests in the sandbox, docs, refactors,
 # the dataset) would take the two runs most of an hour on two cores.
-ASSET_MODULES = (snapshot, analysis)
+ASSET_MODULES = (repo_snapshot, repo_analysis)
 
 
 def cache_check(path: Path) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The dataset's daily assets, between the lanes.
 
-`held_out_tasks`: each repository's split of the day (holdout.py, held_out.py): the held-out symbols, the
-held-out functions with passing tests that become the GPU lane's repository tasks, and the functions new or
-changed that day to teach ("write the body").
+`held_out_tasks`: each repository's split of the day (holdout_rules.py, held_out_tasks.py): the held-out
+symbols, the held-out functions with passing tests that become the GPU lane's repository tasks, and the
+functions new or changed that day to teach ("write the body").
 
 `lora_dataset`: the CPU lane's accepted work (`accepted_work`) and the day's functions to teach, routed by
 the split (rows about held-out symbols to eval only, their bodies masked out of training code), scrubbed of
@@ -18,7 +18,7 @@ from dagster import AssetDep, AssetExecutionContext, AssetKey, MaterializeResult
 from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.partitions import previous_day
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
-from lanes_pipeline.dataset.held_out import (
+from lanes_pipeline.dataset.held_out_tasks import (
     HELD_OUT_FILE,
     HELD_OUT_TASKS,
     SPLITS_FILE,
@@ -27,7 +27,7 @@ from lanes_pipeline.dataset.held_out import (
     held_out_of_repo,
     load_splits,
 )
-from lanes_pipeline.dataset.holdout import body_candidate, route
+from lanes_pipeline.dataset.holdout_rules import body_candidate, route
 from lanes_pipeline.dataset.writer import (
     ACCEPTED_FILE,
     ACCEPTED_WORK,

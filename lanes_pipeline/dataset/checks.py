@@ -5,7 +5,8 @@
 - `lora_dataset_has_no_secrets` (blocking): no row holds a secret or prompt-injection text; the scrub in
   writer.py should make this impossible, so a failure stops training on that day.
 - `lora_dataset_holds_out_symbols` (blocking): no training row holds the body of a held-out symbol
-  (holdout.py), so the GPU lane's repository tasks and held-out eval loss measure code it never trained on.
+  (holdout_rules.py), so the GPU lane's repository tasks and held-out eval loss measure code it never
+  trained on.
 """
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
@@ -21,7 +22,7 @@ from dagster import (
 
 from lanes_pipeline.daily.resources import ArtifactStoreResource
 from lanes_pipeline.dataset.contract import Record
-from lanes_pipeline.dataset.held_out import HELD_OUT_TASKS, load_held_out, training_leaks
+from lanes_pipeline.dataset.held_out_tasks import HELD_OUT_TASKS, load_held_out, training_leaks
 from lanes_pipeline.sandbox.safety import injection_markers, secret_findings
 
 

@@ -55,7 +55,8 @@ class Candidate(BaseModel):
         "a symbol shown with its context, which holds no other body",
     )
     held_out: bool = Field(
-        False, description="about a held-out symbol: eval split only (holdout.py decides, the asset sets it)"
+        False,
+        description="about a held-out symbol: eval split only (holdout_rules.py decides, the asset sets it)",
     )
 
     def sort_key(self) -> tuple[str, ...]:

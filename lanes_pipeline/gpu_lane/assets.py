@@ -30,7 +30,7 @@ from dagster import (
 from lanes_pipeline.daily.partitions import previous_day
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
-from lanes_pipeline.dataset.held_out import HELD_OUT_TASKS, load_held_out
+from lanes_pipeline.dataset.held_out_tasks import HELD_OUT_TASKS, load_held_out
 from lanes_pipeline.dataset.window import dataset_root, fingerprint, load_split, window_dirs
 from lanes_pipeline.gpu_lane.adapters import (
     IncompatibleAdapterError,

@@ -12,7 +12,7 @@ from typing import Any
 
 from dagster import AssetExecutionContext
 
-from lanes_pipeline.dataset.holdout import HeldOutFunction
+from lanes_pipeline.dataset.holdout_rules import HeldOutFunction
 from lanes_pipeline.dataset.window import load_split
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, Version
 from lanes_pipeline.gpu_lane.code_tasks import PassRate, pass_rate

@@ -12,8 +12,8 @@ import ast
 from pathlib import Path
 
 from lanes_pipeline.dataset.contract import user_prompt
-from lanes_pipeline.dataset.held_out import HeldOutDay, cpu_test_path
-from lanes_pipeline.dataset.holdout import HeldOutFunction, body_request
+from lanes_pipeline.dataset.held_out_tasks import HeldOutDay, cpu_test_path
+from lanes_pipeline.dataset.holdout_rules import HeldOutFunction, body_request
 from lanes_pipeline.gpu_lane.code_tasks import CodeTask, TaskOutcome, extract_code
 from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest_outcomes
 from lanes_pipeline.sandbox.python_source import parse_python

@@ -26,8 +26,8 @@ from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.dataset import window as training_window
-from lanes_pipeline.dataset.held_out import HeldOutDay, load_held_out, training_leaks
-from lanes_pipeline.dataset.holdout import is_held_out
+from lanes_pipeline.dataset.held_out_tasks import HeldOutDay, load_held_out, training_leaks
+from lanes_pipeline.dataset.holdout_rules import is_held_out
 from lanes_pipeline.definitions import CPU_DAY_MODULES
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.git import CommitSpec, build_history
@@ -43,7 +43,7 @@ BIG_CLASS = "src/cachetools/__init__.py::TTLCache"  # over 120 lines: its method
 
 
 def _percent_holding(symbol_id: str) -> int:
-    """The smallest held-out percent that holds `symbol_id` out (holdout.is_held_out's rule)."""
+    """The smallest held-out percent that holds `symbol_id` out (holdout_rules.is_held_out's rule)."""
     return next(percent for percent in range(1, 101) if is_held_out(REPO, symbol_id, percent))
 
 

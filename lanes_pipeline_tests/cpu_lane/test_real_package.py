@@ -237,7 +237,7 @@ def test_every_accepted_test_passes_again_in_a_clean_checkout(backfill: Backfill
     isolation = detect_isolation()
     # Whether any answer reaches the sandbox is the 135M model's luck (two samples of one symbol a day; a
     # fresh-clone run had none): the environment checks below hold every day, the re-runs for what was
-    # accepted. The regression-oracle path itself is proven in jobs/test_symbol_tests.py on the sample.
+    # accepted. The regression-oracle path itself is proven in jobs/test_oracle_tests.py on the sample.
     rerun = 0
     for release in backfill.repo.releases:
         # The environment the asset ran the tests in (built on the first day; the same hash every day).

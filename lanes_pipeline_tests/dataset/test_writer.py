@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.assets.accepted import candidates_of_day, explanation
+from lanes_pipeline.cpu_lane.assets.accepted_work import candidates_of_day, explanation
 from lanes_pipeline.cpu_lane.jobs.rows import (
     AnalysisRow,
     FileAnalysisRow,

@@ -17,7 +17,7 @@ from lanes_pipeline.daily.artifacts import write_partition
 from lanes_pipeline.daily.partitions import daily_partitions
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.dataset.contract import make_row
-from lanes_pipeline.dataset.held_out import (
+from lanes_pipeline.dataset.held_out_tasks import (
     HELD_OUT_FILE,
     HELD_OUT_TASKS,
     SPLITS_FILE,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.dataset.held_out import HeldOutDay, held_out_of_repo, load_held_out
-from lanes_pipeline.dataset.holdout import HeldOutFunction, body_candidate
+from lanes_pipeline.dataset.held_out_tasks import HeldOutDay, held_out_of_repo, load_held_out
+from lanes_pipeline.dataset.holdout_rules import HeldOutFunction, body_candidate
 from lanes_pipeline.dataset.writer import render
 from lanes_pipeline.gpu_lane.repo_tasks import (
     body_task,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.repos.sample_repo as sample_repo
-from lanes_pipeline.dataset.holdout import held_out_symbols
+from lanes_pipeline.dataset.holdout_rules import held_out_symbols
 from lanes_pipeline.git import git
 from lanes_pipeline.repos.symbols import all_symbols, scan_repo
 from lanes_pipeline.settings import Settings

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from lanes_pipeline.cpu_lane.jobs.diff_check import baseline_passes, check_diff
 from lanes_pipeline.cpu_lane.jobs.tasks import parse_diff, static_test_problem
-from lanes_pipeline.cpu_lane.jobs.verification import baseline_passes, check_diff
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.sandbox.isolation import (
     CommandResult,
@@ -151,7 +151,7 @@ def test_hostile_os_system_neither_escapes_nor_passes_the_policy(
 
 
 def test_generated_test_gate_and_runs(repo: tuple[Path, str], isolation: Isolation) -> None:
-    """The gate a generated test meets before the mutants (symbol_tests.verify_answer / verify_code): the
+    """The gate a generated test meets before the mutants (oracle_tests.verify_answer / verify_code): the
     static checks, then `runs` passing runs in the sandbox."""
     good = "from calc import halve\n\ndef test_halve():\n    assert halve(4) == 2\n"
     assert static_test_problem(good, "calc") is None

@@ -8,7 +8,7 @@ missing ones, in one batch per repository with the repo map as the shared prompt
 what failed transiently, for the lane's failure gate.
 
 Coverage registers, one per repository and job, remember the memo keys of symbols with an accepted
-analysis or an accepted refactor proposal on any day; generated_tests keeps its own (symbol_test_day).
+analysis or an accepted refactor proposal on any day; generated_tests keeps its own (tests_day.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResu
 from lanes_pipeline.cpu_lane.jobs.backlog import RepoCoverage, coverage
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout, TaskKind
-from lanes_pipeline.cpu_lane.jobs.symbol_test_day import register_of
 from lanes_pipeline.cpu_lane.jobs.tasks import symbol_prompt
+from lanes_pipeline.cpu_lane.jobs.tests_day import register_of
 from lanes_pipeline.cpu_lane.resources import fail_on_transient_failures
 from lanes_pipeline.daily.artifacts import md_table
 from lanes_pipeline.repos.symbols import Symbol

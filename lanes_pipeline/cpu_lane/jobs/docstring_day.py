@@ -48,7 +48,7 @@ from lanes_pipeline.cpu_lane.jobs.docstrings import (
     whole_answer,
 )
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.jobs.symbol_tests import VerifyPlace
+from lanes_pipeline.cpu_lane.jobs.oracle_tests import VerifyPlace
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import DEFAULT_TEMPERATURE, TargetTally, sample_id
 from lanes_pipeline.git import git
 from lanes_pipeline.repos.scan import symbols_at

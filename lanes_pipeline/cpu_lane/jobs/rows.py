@@ -13,10 +13,10 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from lanes_pipeline.cpu_lane.jobs.diff_check import DiffVerdict
 from lanes_pipeline.cpu_lane.jobs.docstrings import DocStatus
-from lanes_pipeline.cpu_lane.jobs.symbol_tests import SymbolRejection
+from lanes_pipeline.cpu_lane.jobs.oracle_tests import SymbolRejection
 from lanes_pipeline.cpu_lane.jobs.tasks import DiffRejection, FileAnalysis
-from lanes_pipeline.cpu_lane.jobs.verification import DiffVerdict
 from lanes_pipeline.daily.artifacts import Figures
 from lanes_pipeline.sandbox.isolation import Outcome, Verdict
 

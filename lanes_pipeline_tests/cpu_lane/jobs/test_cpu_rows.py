@@ -1,4 +1,4 @@
-"""rows.py and judging.py without a sandbox: the JSON of each row keeps the shape the assets always wrote,
+"""rows.py and diff_judge.py without a sandbox: the JSON of each row keeps the shape the assets always wrote,
 a row that does not fit names its file, and judging answers with no code, unparseable diffs or remembered
 verdicts runs nothing. Sandbox verdicts themselves: test_sandbox.py and test_cpu_assets.py."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.jobs.judging import DiffJudge
+from lanes_pipeline.cpu_lane.jobs.diff_judge import DiffJudge
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.cpu_lane.jobs.rows import (
     AnalysisRow,

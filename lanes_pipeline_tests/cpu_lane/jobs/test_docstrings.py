@@ -16,8 +16,8 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from lanes_pipeline.bench.cpu_yield import docs_yield
-from lanes_pipeline.cpu_lane.assets.docs import doc_row, generated_docs, symbols_tested
-from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
+from lanes_pipeline.cpu_lane.assets.generated_docs import doc_row, generated_docs, symbols_tested
+from lanes_pipeline.cpu_lane.assets.repo_snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemFailure, ItemResult
 from lanes_pipeline.cpu_lane.batching.batch_summary import summarize
@@ -46,8 +46,8 @@ from lanes_pipeline.cpu_lane.jobs.docstrings import (
     unsafe_examples,
 )
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
+from lanes_pipeline.cpu_lane.jobs.oracle_tests import VerifyPlace
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedDocRow, GeneratedTestRow
-from lanes_pipeline.cpu_lane.jobs.symbol_tests import VerifyPlace
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource

@@ -21,7 +21,7 @@ from lanes_pipeline.cpu_lane.jobs.docstring_edit import DocstringError, document
 from lanes_pipeline.cpu_lane.jobs.docstrings import docs_prompt, parameters, prefill, undocumented_source
 from lanes_pipeline.cpu_lane.jobs.mutants import MutationError, mutants
 from lanes_pipeline.cpu_lane.jobs.tasks import symbol_defines, symbol_prompt
-from lanes_pipeline.dataset.holdout import MIN_BODY_CHARS, body_request, leaked, mask
+from lanes_pipeline.dataset.holdout_rules import MIN_BODY_CHARS, body_request, leaked, mask
 from lanes_pipeline.repos.scan import body_text, symbol_problem
 from lanes_pipeline.repos.symbols import Symbol, all_symbols, parse_symbol, scan_repo
 from lanes_pipeline_tests.cpu_lane.real_code import PACKAGES, package_sources

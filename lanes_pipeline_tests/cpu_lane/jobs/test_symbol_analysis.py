@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.assets.analysis import AnalysisDay, symbol_row
 from lanes_pipeline.cpu_lane.assets.by_symbol import COVERAGE, CoverageRegister, SymbolQuestions
-from lanes_pipeline.cpu_lane.assets.refactor import RefactorDay
+from lanes_pipeline.cpu_lane.assets.refactor_proposals import RefactorDay
+from lanes_pipeline.cpu_lane.assets.repo_analysis import AnalysisDay, symbol_row
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.batching.batch_summary import summarize
 from lanes_pipeline.cpu_lane.jobs.day_selection import DaySelection, select_day
-from lanes_pipeline.cpu_lane.jobs.judging import DiffJudge
+from lanes_pipeline.cpu_lane.jobs.diff_judge import DiffJudge
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.cpu_lane.jobs.rows import AnalysisAnswer
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis, symbol_defines, symbol_prompt

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lanes_pipeline.cpu_lane.jobs.judging import DiffJudge, DiffScope
+from lanes_pipeline.cpu_lane.jobs.diff_judge import DiffJudge, DiffScope
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.cpu_lane.jobs.rows import RememberedAnswer
 from lanes_pipeline.cpu_lane.jobs.symbol_diff import apply_confined, confine_to_symbol, locate

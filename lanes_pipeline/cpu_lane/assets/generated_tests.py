@@ -1,4 +1,4 @@
-"""`generated_tests`: pytest tests with teeth, symbol by symbol (symbol_test_day): each day's new and changed
+"""`generated_tests`: pytest tests with teeth, symbol by symbol (tests_day.py): each day's new and changed
 symbols first, then up to `backlog_per_day` never-covered ones; `samples_per_item` answers per symbol, each
 the model's example calls of the symbol run in the sandbox at the snapshot commit and written down as
 regression oracles (observed values as the expected ones). A test is accepted only if it passes every
@@ -12,13 +12,13 @@ from typing import Any
 
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
-from lanes_pipeline.cpu_lane.assets.analysis import repo_analysis
 from lanes_pipeline.cpu_lane.assets.common import LaneUsage, day_repos, is_transient, ratio
-from lanes_pipeline.cpu_lane.assets.snapshot import day_symbols, repo_snapshot
+from lanes_pipeline.cpu_lane.assets.repo_analysis import repo_analysis
+from lanes_pipeline.cpu_lane.assets.repo_snapshot import day_symbols, repo_snapshot
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
+from lanes_pipeline.cpu_lane.jobs.oracle_tests import SymbolTestResult
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow, GeneratedTestsFigures
-from lanes_pipeline.cpu_lane.jobs.symbol_test_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
-from lanes_pipeline.cpu_lane.jobs.symbol_tests import SymbolTestResult
+from lanes_pipeline.cpu_lane.jobs.tests_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import kind_yield
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.daily.artifacts import md_table, write_partition

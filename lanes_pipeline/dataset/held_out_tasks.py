@@ -1,4 +1,4 @@
-"""A day's held-out symbols of one repository (I/O: git and the sandbox; the choices are in holdout.py).
+"""A day's held-out symbols of one repository (I/O: git and the sandbox; the choices are in holdout_rules.py).
 
 The functions among them become the GPU lane's repository tasks, each with the tests that judge an answer:
 the repository's own tests that call it, and the CPU lane's accepted tests for it. A test only judges if it
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from lanes_pipeline.dataset.holdout import (
+from lanes_pipeline.dataset.holdout_rules import (
     HeldOutFunction,
     calling_tests,
     fresh_functions,
@@ -41,7 +41,7 @@ class HeldOutDay(BaseModel):
     """held_out_tasks/<day>/held_out.json: what the GPU lane's evaluation reads."""
 
     held_out_percent: int
-    # repo -> held-out symbol id (all kinds) -> its body as holdout.body_text gives it: the asset check
+    # repo -> held-out symbol id (all kinds) -> its body as repos.scan.body_text gives it: the asset check
     # looks for these in the training split.
     bodies: dict[str, dict[str, str]] = {}
     functions: list[HeldOutFunction] = []
@@ -124,7 +124,9 @@ class RepoHoldOut(BaseModel):
     )
     skipped: dict[str, str] = Field({}, description="symbol id -> why it was skipped (symbols_at)")
     unmaskable: list[str] = Field(
-        [], description="files holding a skipped symbol that is held out: none of them trains (holdout.route)"
+        [],
+        description="files holding a skipped symbol that is held out: none of them trains "
+        "(holdout_rules.route)",
     )
     problem: str | None = Field(
         None,

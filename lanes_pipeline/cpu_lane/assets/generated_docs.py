@@ -12,8 +12,8 @@ from typing import Any
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from lanes_pipeline.cpu_lane.assets.common import LaneUsage, is_transient, ratio, read_results
-from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
-from lanes_pipeline.cpu_lane.assets.tests import generated_tests
+from lanes_pipeline.cpu_lane.assets.generated_tests import generated_tests
+from lanes_pipeline.cpu_lane.assets.repo_snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.jobs.docstring_day import DocsConfig, DocsCoverage, DocsDay, DocsResult
 from lanes_pipeline.cpu_lane.jobs.docstrings import FURTHEST
 from lanes_pipeline.cpu_lane.jobs.memo import Memo

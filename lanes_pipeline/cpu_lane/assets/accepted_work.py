@@ -6,19 +6,19 @@ answers at the day's commit; and the accepted tests of each symbol, which judge 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
-from lanes_pipeline.cpu_lane.assets.analysis import repo_analysis
 from lanes_pipeline.cpu_lane.assets.common import read_results
-from lanes_pipeline.cpu_lane.assets.docs import generated_docs
-from lanes_pipeline.cpu_lane.assets.refactor import refactor_proposals
-from lanes_pipeline.cpu_lane.assets.snapshot import repo_snapshot
-from lanes_pipeline.cpu_lane.assets.tests import generated_tests
+from lanes_pipeline.cpu_lane.assets.generated_docs import generated_docs
+from lanes_pipeline.cpu_lane.assets.generated_tests import generated_tests
+from lanes_pipeline.cpu_lane.assets.refactor_proposals import refactor_proposals
+from lanes_pipeline.cpu_lane.assets.repo_analysis import repo_analysis
+from lanes_pipeline.cpu_lane.assets.repo_snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.jobs.docstrings import docs_candidates
 from lanes_pipeline.cpu_lane.jobs.rows import AnalysisRow, GeneratedDocRow, GeneratedTestRow, RefactorRow
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
 from lanes_pipeline.daily.artifacts import write_partition
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.dataset.contract import TASKS
-from lanes_pipeline.dataset.holdout import symbol_with_context
+from lanes_pipeline.dataset.holdout_rules import symbol_with_context
 from lanes_pipeline.dataset.writer import ACCEPTED_FILE, ACCEPTED_WORK, AcceptedWork, Candidate
 from lanes_pipeline.git import read_blobs
 from lanes_pipeline.host import with_host_figures

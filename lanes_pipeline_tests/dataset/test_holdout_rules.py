@@ -1,4 +1,4 @@
-"""Held-out symbols (holdout.py, pure) and a day's held-out functions with their passing tests
+"""Held-out symbols (holdout_rules.py, pure) and a day's held-out functions with their passing tests
 (held_out_day.py: git and the sandbox)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.dataset.held_out import HeldOutDay, held_out_of_repo, training_leaks
-from lanes_pipeline.dataset.holdout import (
+from lanes_pipeline.dataset.held_out_tasks import HeldOutDay, held_out_of_repo, training_leaks
+from lanes_pipeline.dataset.holdout_rules import (
     body_candidate,
     body_request,
     calling_tests,

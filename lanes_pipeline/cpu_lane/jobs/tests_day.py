@@ -4,7 +4,7 @@
    of covered symbols (memo keys asked, ids with an accepted test) grows as days run.
 2. The repository's environment (repo_env): none needed without dependency files (the project's Python runs
    the tests); when one is needed and cannot be built, the reason is recorded and no test is asked that day.
-3. Each symbol's oracle job (symbol_tests), remembered under what decides it (the symbol's memo key, the
+3. Each symbol's oracle job (oracle_tests.py), remembered under what decides it (the symbol's memo key, the
    commit, the model, samples, tokens, sandbox limits): a re-run asks and judges nothing.
 
 Coverage of the repository (symbols, covered so far, with an accepted test) comes back for the metadata.
@@ -23,7 +23,7 @@ from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, names_de
 from lanes_pipeline.cpu_lane.jobs.backlog import is_covered
 from lanes_pipeline.cpu_lane.jobs.day_selection import DAY_VERSION, DaySelection, register_of
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.jobs.symbol_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
+from lanes_pipeline.cpu_lane.jobs.oracle_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
 from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation

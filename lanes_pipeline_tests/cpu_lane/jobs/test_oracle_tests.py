@@ -16,7 +16,7 @@ from lanes_pipeline.cpu_lane.batching.batch import BatchResult, BatchRunner
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemFailure, ItemResult
 from lanes_pipeline.cpu_lane.batching.client import CpuClient
 from lanes_pipeline.cpu_lane.jobs.backlog import day_work
-from lanes_pipeline.cpu_lane.jobs.symbol_tests import (
+from lanes_pipeline.cpu_lane.jobs.oracle_tests import (
     VerifyPlace,
     answer_text,
     prefill,

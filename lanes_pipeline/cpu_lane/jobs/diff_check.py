@@ -1,5 +1,5 @@
 """Accepting or rejecting a refactor diff the model proposed (generated tests have their gate in
-symbol_tests.py).
+oracle_tests.py).
 
 Static checks first (tasks.py: diff shape), then the sandbox: a diff is accepted only if `git apply --check`
 accepts it and the repository's own tests plus the accepted generated tests all pass with it applied. Every

@@ -15,8 +15,8 @@ from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResu
 from lanes_pipeline.cpu_lane.batching.batch_summary import summarize
 from lanes_pipeline.cpu_lane.jobs.day_selection import select_day
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
-from lanes_pipeline.cpu_lane.jobs.symbol_test_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
-from lanes_pipeline.cpu_lane.jobs.symbol_tests import SymbolTestResult
+from lanes_pipeline.cpu_lane.jobs.oracle_tests import SymbolTestResult
+from lanes_pipeline.cpu_lane.jobs.tests_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
 from lanes_pipeline.git import build_history, ls_tree
 from lanes_pipeline.repos.snapshot import FileEntry, Snapshot, language_of
 from lanes_pipeline.sandbox.isolation import detect_isolation

@@ -23,11 +23,11 @@ from lanes_pipeline.cpu_lane.assets.by_symbol import (
     repo_coverage,
 )
 from lanes_pipeline.cpu_lane.assets.common import day_repos, ratio, read_results, remembered_answer
-from lanes_pipeline.cpu_lane.assets.snapshot import day_symbols, repo_snapshot
-from lanes_pipeline.cpu_lane.assets.tests import generated_tests
+from lanes_pipeline.cpu_lane.assets.generated_tests import generated_tests
+from lanes_pipeline.cpu_lane.assets.repo_snapshot import day_symbols, repo_snapshot
 from lanes_pipeline.cpu_lane.jobs.backlog import RepoCoverage
 from lanes_pipeline.cpu_lane.jobs.day_selection import DaySelection
-from lanes_pipeline.cpu_lane.jobs.judging import DiffJudge, DiffScope
+from lanes_pipeline.cpu_lane.jobs.diff_judge import DiffJudge, DiffScope
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow, RefactorFigures, RefactorRow, RememberedAnswer
 from lanes_pipeline.cpu_lane.jobs.tasks import SYMBOL_REFACTOR, TASKS_VERSION

@@ -22,7 +22,7 @@ from lanes_pipeline.cpu_lane.assets.by_symbol import (
     repo_coverage,
 )
 from lanes_pipeline.cpu_lane.assets.common import day_repos, ratio
-from lanes_pipeline.cpu_lane.assets.snapshot import day_symbols, repo_snapshot
+from lanes_pipeline.cpu_lane.assets.repo_snapshot import day_symbols, repo_snapshot
 from lanes_pipeline.cpu_lane.batching.batch_models import DETERMINISTIC_FAILURES, ItemResult
 from lanes_pipeline.cpu_lane.jobs.backlog import RepoCoverage
 from lanes_pipeline.cpu_lane.jobs.day_selection import DaySelection

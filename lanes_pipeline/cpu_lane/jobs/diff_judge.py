@@ -1,7 +1,7 @@
 """Judging the refactors the CPU lane proposed into the rows refactor_proposals writes.
 
 `DiffJudge` parses each answer, confines a symbol's diff to its lines (symbol_diff), then runs `git apply
---check` and the tests in the sandbox (verification.check_diff). Every verdict is remembered under a key made
+--check` and the tests in the sandbox (diff_check.check_diff). Every verdict is remembered under a key made
 of what decided it (the diff, the commit, the sandbox limits and the accepted tests it ran with), so a re-run
 judges nothing; the sandbox's isolation is detected once, on first use.
 """
@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from lanes_pipeline.config.base import Frozen
+from lanes_pipeline.cpu_lane.jobs.diff_check import baseline_passes, check_diff
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.jobs.rows import (
     DiffCheckRecord,
@@ -21,7 +22,6 @@ from lanes_pipeline.cpu_lane.jobs.rows import (
 )
 from lanes_pipeline.cpu_lane.jobs.symbol_diff import apply_confined, confine_to_symbol
 from lanes_pipeline.cpu_lane.jobs.tasks import TASKS_VERSION, parse_diff
-from lanes_pipeline.cpu_lane.jobs.verification import baseline_passes, check_diff
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation, detect_isolation
 from lanes_pipeline.sandbox.safety import unsafe_code_added
