@@ -25,12 +25,16 @@ from lanes_pipeline.cpu_lane.assets import (
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.resources import (
+    ArtifactStoreResource,
+    LoraTrainingResource,
+    PipelineSettingsResource,
+)
 from lanes_pipeline.dataset import assets as dataset
 from lanes_pipeline.dataset.checks import build_dataset_checks
 from lanes_pipeline.gpu_lane import assets as gpu_lane
 from lanes_pipeline.gpu_lane.checks import build_gpu_checks
-from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
 from lanes_pipeline.gpu_lane.sensors import SENSORS
 from lanes_pipeline.loop import lane_probes
 from lanes_pipeline.loop.jobs import JOBS

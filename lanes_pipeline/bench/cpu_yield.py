@@ -42,7 +42,11 @@ from lanes_pipeline.cpu_lane.jobs.rows import AnalysisRow, GeneratedDocRow, Gene
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import KindYield, TargetTally, kind_yield
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.resources import (
+    ArtifactStoreResource,
+    LoraTrainingResource,
+    PipelineSettingsResource,
+)
 from lanes_pipeline.dataset.writer import DatasetFigures
 from lanes_pipeline.definitions import CPU_DAY_MODULES
 from lanes_pipeline.embedded.servers import build_server
@@ -89,6 +93,7 @@ def _materialize(
         "cpu_lane": cpu,
         "artifact_store": ArtifactStoreResource(root=str(store.root)),
         "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
+        "lora_training": LoraTrainingResource.from_config(settings.training),
     }
     assets = partitioned_daily(
         load_assets_from_modules(CPU_DAY_MODULES),

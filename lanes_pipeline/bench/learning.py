@@ -28,7 +28,11 @@ from dagster import DagsterInstance, materialize
 from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
 from lanes_pipeline.bench.cpu_yield import empty_data_dir, sample_days
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.resources import (
+    ArtifactStoreResource,
+    LoraTrainingResource,
+    PipelineSettingsResource,
+)
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded.servers import build_server
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
@@ -36,7 +40,7 @@ from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.humaneval import humaneval_pass1, load_problems
 from lanes_pipeline.gpu_lane.learning_report import load_points, markdown_table
 from lanes_pipeline.gpu_lane.promotion import LearningPoint
-from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
 from lanes_pipeline.settings import Settings, edit_config_file, load_settings
 from lanes_pipeline.store import ArtifactStore
 

@@ -6,14 +6,10 @@ from datetime import date
 
 import click
 
+from lanes_pipeline.daily.resources import LoraTrainingResource
 from lanes_pipeline.errors import LaneError, ServingError
 from lanes_pipeline.gpu_lane.adapters import IncompatibleAdapterError, UnknownVersionError
-from lanes_pipeline.gpu_lane.resources import (
-    AdapterRegistryResource,
-    GpuLaneResource,
-    LoraTrainingResource,
-    service_for,
-)
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, service_for
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.settings import ConfigError, load_settings
 

@@ -11,13 +11,17 @@ tokenizer, saved with `datasets` at `<artifacts>/lora_dataset/<day>/` (contract.
 """
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
-from pathlib import Path
+from datetime import date
 
 from dagster import AssetDep, AssetExecutionContext, AssetKey, MaterializeResult, MetadataValue, asset
 
 from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.partitions import previous_day
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.resources import (
+    ArtifactStoreResource,
+    LoraTrainingResource,
+    PipelineSettingsResource,
+)
 from lanes_pipeline.dataset.held_out_tasks import (
     HELD_OUT_FILE,
     HELD_OUT_TASKS,
@@ -38,23 +42,15 @@ from lanes_pipeline.dataset.writer import (
     save_dataset,
     shape,
 )
-from lanes_pipeline.embedded.engines import embedded_hf_model
 from lanes_pipeline.errors import about
 from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.repos.location import repo_location
 from lanes_pipeline.repos.scan import body_text
 from lanes_pipeline.repos.snapshot import load_snapshots
-from lanes_pipeline.settings import EMBEDDED, Settings
 from lanes_pipeline.store import ArtifactStore, sha256_tree
 
 REPO_SNAPSHOT = AssetKey("repo_snapshot")
 ACCEPTED_WORK_KEY, HELD_OUT_TASKS_KEY = AssetKey(ACCEPTED_WORK), AssetKey(HELD_OUT_TASKS)
-
-
-def base_model_dir(settings: Settings) -> Path:
-    if settings.training.base_model_dir == EMBEDDED:
-        return embedded_hf_model(settings.data_dir)
-    return Path(settings.training.base_model_dir)
 
 
 def load_accepted_work(store: ArtifactStore, day: str) -> AcceptedWork:
@@ -69,10 +65,20 @@ def load_accepted_work(store: ArtifactStore, day: str) -> AcceptedWork:
 
 
 def taught_before(store: ArtifactStore, day: str) -> bool:
-    """Whether an earlier day's split was made: on the first one (a new install, whose repository need not
-    have changed that day) every function is new to the adapter and is taught."""
+    """Whether a day before `day` was split (held_out_tasks wrote it whole): on the first such day (a new
+    install, whose repository need not have changed that day) every function is new to the adapter and is
+    taught. A folder that is no day (an unfinished write's staging folder) is not one."""
     root = store.root / HELD_OUT_TASKS
-    return root.is_dir() and any(child.name < day for child in root.iterdir() if child.is_dir())
+    if not root.is_dir():
+        return False
+    for child in root.iterdir():
+        try:
+            earlier = date.fromisoformat(child.name) < date.fromisoformat(day)
+        except ValueError:
+            continue
+        if earlier and (child / HELD_OUT_FILE).is_file():
+            return True
+    return False
 
 
 def skipped_of(splits: dict[str, RepoHoldOut]) -> dict[str, str]:
@@ -180,8 +186,12 @@ def lora_dataset(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,
     pipeline_settings: PipelineSettingsResource,
+    lora_training: LoraTrainingResource,
 ) -> MaterializeResult:
-    settings = pipeline_settings.load()
+    """Rows for the model the GPU lane trains: its tokenizer and max sequence length come from the same
+    resource lora_adapter trains with."""
+    dataset_config = pipeline_settings.load().pipeline.dataset
+    training = lora_training.config()
     store = artifact_store.store()
     day = context.partition_key
     candidates = list(load_accepted_work(store, day).candidates)
@@ -191,12 +201,11 @@ def lora_dataset(
             with about(f"{repo}: {symbol.id} (lines {symbol.start_line}-{symbol.end_line})"):
                 candidates.append(body_candidate(repo, symbol))
     candidates = [_routed(c, splits.get(c.repo)) for c in candidates]
-    dataset_config = settings.pipeline.dataset
     shaped = shape(
         candidates,
         dataset_config.system_prompt,
-        load_token_counter(base_model_dir(settings)) if candidates else _no_tokens,
-        settings.training.max_seq_len,
+        load_token_counter(lora_training.base_model_path()) if candidates else _no_tokens,
+        training.max_seq_len,
         dataset_config.near_duplicate_threshold,
     )
     target = store.folder("lora_dataset", day)
@@ -219,7 +228,7 @@ def lora_dataset(
                 eval_rows=counts["eval_rows"],
                 row_count=counts["train_rows"] + counts["eval_rows"],
             ).metadata(),
-            "max_seq_len": settings.training.max_seq_len,
+            "max_seq_len": training.max_seq_len,
             "dropped": md_table(
                 ["task", "repo", "path", "reason", "detail"],
                 [(d.task, d.repo, d.path, d.reason, d.detail) for d in shaped.dropped],

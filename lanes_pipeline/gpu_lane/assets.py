@@ -29,7 +29,11 @@ from dagster import (
 
 from lanes_pipeline.daily.partitions import previous_day
 from lanes_pipeline.daily.policies import LANE_RETRY
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.resources import (
+    ArtifactStoreResource,
+    LoraTrainingResource,
+    PipelineSettingsResource,
+)
 from lanes_pipeline.dataset.held_out_tasks import HELD_OUT_TASKS, load_held_out
 from lanes_pipeline.dataset.window import dataset_root, fingerprint, load_split, window_dirs
 from lanes_pipeline.gpu_lane.adapters import (
@@ -53,12 +57,7 @@ from lanes_pipeline.gpu_lane.measurement import (
 )
 from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint, learning_point, promotion_decision
 from lanes_pipeline.gpu_lane.repo_tasks import day_tasks
-from lanes_pipeline.gpu_lane.resources import (
-    AdapterRegistryResource,
-    GpuLaneResource,
-    LoraTrainingResource,
-    service_for,
-)
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, service_for
 from lanes_pipeline.gpu_lane.training.runner import run_training
 from lanes_pipeline.gpu_lane.training.spec import LOSS_CURVE, TrainSpec, TrainSummary
 from lanes_pipeline.host import with_host_figures

@@ -23,11 +23,11 @@ from dagster import (
     asset_check,
 )
 
-from lanes_pipeline.daily.resources import ArtifactStoreResource
+from lanes_pipeline.daily.resources import ArtifactStoreResource, LoraTrainingResource
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.day_adapter import DayAdapter, day_outcome
 from lanes_pipeline.gpu_lane.promotion import Figures, promotion_decision
-from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
 from lanes_pipeline.settings import TrainingConfig
 
 FIGURE_FIELDS = tuple(Figures.model_fields)

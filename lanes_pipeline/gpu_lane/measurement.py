@@ -12,6 +12,7 @@ from typing import Any
 
 from dagster import AssetExecutionContext
 
+from lanes_pipeline.daily.resources import LoraTrainingResource
 from lanes_pipeline.dataset.holdout_rules import HeldOutFunction
 from lanes_pipeline.dataset.window import load_split
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, Version
@@ -19,12 +20,7 @@ from lanes_pipeline.gpu_lane.code_tasks import PassRate, pass_rate
 from lanes_pipeline.gpu_lane.humaneval import HumanEvalProblem, daily_subset, humaneval_pass1, load_problems
 from lanes_pipeline.gpu_lane.promotion import Figures
 from lanes_pipeline.gpu_lane.repo_tasks import body_task, judge_body, task_name
-from lanes_pipeline.gpu_lane.resources import (
-    AdapterRegistryResource,
-    GpuLaneResource,
-    LoraTrainingResource,
-    service_for,
-)
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, service_for
 from lanes_pipeline.gpu_lane.training.runner import run_evaluation
 from lanes_pipeline.gpu_lane.training.spec import EvalSpec
 from lanes_pipeline.settings import SandboxLimits, TrainingConfig, data_dir

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from dagster import ConfigurableResource, InitResourceContext
 
-from lanes_pipeline.embedded import engines
+from lanes_pipeline.daily.resources import LoraTrainingResource
 from lanes_pipeline.embedded.lane_resource import LaneEndpoint
 from lanes_pipeline.embedded.servers import LaneName, running_embedded_url
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, supported_target_modules
@@ -18,11 +18,9 @@ from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.metrics.bandwidth import QuietWait, cpu_active_requests, metrics_client, wait_until_quiet
 from lanes_pipeline.settings import (
-    EMBEDDED,
     BandwidthConfig,
     CpuLane,
     GpuLane,
-    TrainingConfig,
     data_dir,
 )
 
@@ -106,27 +104,6 @@ class AdapterRegistryResource(ConfigurableResource):
 
     def registry(self) -> AdapterRegistry:
         return AdapterRegistry(self.folder() / REGISTRY_FILE)
-
-
-class LoraTrainingResource(ConfigurableResource):
-    """configs/training.yaml, nested as the config model itself (the launchpad can override any key of it
-    for one run): every setting and its default is declared once, in `TrainingConfig`."""
-
-    training: TrainingConfig = TrainingConfig()
-
-    @classmethod
-    def from_config(cls, config: TrainingConfig) -> LoraTrainingResource:
-        return cls(training=config)
-
-    def config(self) -> TrainingConfig:
-        return self.training
-
-    def base_model_path(self) -> Path:
-        """The HF folder to train on; `embedded` is the converted SmolLM2 (converted on first use)."""
-        base = self.config().base_model_dir
-        if base == EMBEDDED:
-            return engines.embedded_hf_model(data_dir()).resolve()
-        return Path(base).resolve()
 
 
 def service_for(

@@ -6,13 +6,9 @@ run could wait behind a training run in the gpu_lane pool for hours while editor
 
 from dagster import DefaultSensorStatus, SensorEvaluationContext, SkipReason, sensor
 
+from lanes_pipeline.daily.resources import LoraTrainingResource
 from lanes_pipeline.errors import AliasMoveInProgressError, LaneError
-from lanes_pipeline.gpu_lane.resources import (
-    AdapterRegistryResource,
-    GpuLaneResource,
-    LoraTrainingResource,
-    service_for,
-)
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, service_for
 
 RESTORE_INTERVAL_S = 30
 

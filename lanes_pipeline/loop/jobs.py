@@ -9,12 +9,8 @@ from dagster import (
 )
 
 from lanes_pipeline.daily.policies import LANE_RETRY
-from lanes_pipeline.gpu_lane.resources import (
-    AdapterRegistryResource,
-    GpuLaneResource,
-    LoraTrainingResource,
-    service_for,
-)
+from lanes_pipeline.daily.resources import LoraTrainingResource
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, service_for
 
 
 @op(description="Move the GPU lane's adapter alias back to the previous promoted version.")

@@ -6,7 +6,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,30 @@ from lanes_pipeline.cpu_lane.batching.batch_summary import ProgressCallback
 from lanes_pipeline.cpu_lane.batching.client import CpuClient
 from lanes_pipeline.cpu_lane.jobs.prompts import ASK, PromptLayout
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
-from lanes_pipeline.git import CommitSpec, build_history
+from lanes_pipeline.git import CommitSpec, build_history, ls_tree
+from lanes_pipeline.repos.snapshot import FileEntry, Snapshot, language_of
 from lanes_pipeline.settings import RetryPolicy, Settings
 
 COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "black", "white", "brown", "pink", "gray")
+
+
+def sample_snapshot(repo: Path, commit: str, previous: str | None, day: int) -> Snapshot:
+    """The sample repository's snapshot at `commit` (its tests left out, as the snapshot rules leave them),
+    as repo_snapshot would take it on 2026-11-<day>."""
+    files = [
+        FileEntry(path=e.path, blob=e.blob, language=language_of(e.path), size=e.size)
+        for e in ls_tree(repo, commit)
+        if not e.path.startswith("tests/")
+    ]
+    return Snapshot(
+        repo="sample",
+        day=date(2026, 11, day),
+        branch="HEAD",
+        commit=commit,
+        previous_commit=previous,
+        files=files,
+        repo_map="map",
+    )
 
 
 def questions(count: int, max_tokens: int = 12, offset: int = 0) -> list[BatchRequest]:

@@ -39,7 +39,11 @@ from dagster import DagsterInstance, load_assets_from_modules, materialize
 import lanes_pipeline.repos.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.resources import (
+    ArtifactStoreResource,
+    LoraTrainingResource,
+    PipelineSettingsResource,
+)
 from lanes_pipeline.dataset.checks import build_dataset_checks
 from lanes_pipeline.definitions import CPU_DAY_MODULES
 from lanes_pipeline.embedded.servers import EmbeddedServer
@@ -174,6 +178,7 @@ def hostile_day(
         ),
         "artifact_store": ArtifactStoreResource(root=str(store_root)),
         "pipeline_settings": PipelineSettingsResource(config_dir=str(config_dir)),
+        "lora_training": LoraTrainingResource.from_config(load_settings(config_dir).training),
     }
     partitions = daily_partitions(load_settings(config_dir))
     assets = partitioned_daily(

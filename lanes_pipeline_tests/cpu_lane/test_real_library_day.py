@@ -24,7 +24,11 @@ from dagster import DagsterInstance, load_assets_from_modules, materialize
 from lanes_pipeline.bench.cpu_yield import empty_data_dir
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.resources import (
+    ArtifactStoreResource,
+    LoraTrainingResource,
+    PipelineSettingsResource,
+)
 from lanes_pipeline.dataset import window as training_window
 from lanes_pipeline.dataset.held_out_tasks import HeldOutDay, load_held_out, training_leaks
 from lanes_pipeline.dataset.holdout_rules import is_held_out
@@ -92,6 +96,7 @@ def first_day(
             ),
             "artifact_store": ArtifactStoreResource(root=str(store.root)),
             "pipeline_settings": PipelineSettingsResource(config_dir=str(configs)),
+            "lora_training": LoraTrainingResource.from_config(project.training),
         }
         assets = partitioned_daily(
             load_assets_from_modules(CPU_DAY_MODULES),

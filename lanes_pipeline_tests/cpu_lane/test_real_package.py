@@ -45,7 +45,11 @@ from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow, RefactorRow
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.resources import (
+    ArtifactStoreResource,
+    LoraTrainingResource,
+    PipelineSettingsResource,
+)
 from lanes_pipeline.definitions import CPU_DAY_MODULES
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.git import git
@@ -140,6 +144,7 @@ def backfill(
             ),
             "artifact_store": ArtifactStoreResource(root=str(store.root)),
             "pipeline_settings": PipelineSettingsResource(config_dir=str(config_dir)),
+            "lora_training": LoraTrainingResource.from_config(project.training),
         }
         assets = partitioned_daily(
             load_assets_from_modules(CPU_DAY_MODULES),

@@ -16,8 +16,8 @@ from lanes_pipeline.cpu_lane.jobs.rows import (
     TestRowVerdict,
 )
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
+from lanes_pipeline.daily.resources import LoraTrainingResource
 from lanes_pipeline.dataset import window as dataset_window
-from lanes_pipeline.dataset.assets import base_model_dir
 from lanes_pipeline.dataset.writer import (
     CUT_MARK,
     Candidate,
@@ -37,7 +37,7 @@ CODE = "def area(w, h):\n    return w * h\n"
 
 @pytest.fixture(scope="module")
 def count(settings: Settings) -> TokenCounter:
-    return load_token_counter(base_model_dir(settings))
+    return load_token_counter(LoraTrainingResource.from_config(settings.training).base_model_path())
 
 
 def _explain(path: str, answer: str, code: str = CODE) -> Candidate:

@@ -15,7 +15,11 @@ from dagster import AssetSpec
 
 from lanes_pipeline.daily.artifacts import write_partition
 from lanes_pipeline.daily.partitions import daily_partitions
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.resources import (
+    ArtifactStoreResource,
+    LoraTrainingResource,
+    PipelineSettingsResource,
+)
 from lanes_pipeline.dataset.contract import make_row
 from lanes_pipeline.dataset.held_out_tasks import (
     HELD_OUT_FILE,
@@ -27,7 +31,7 @@ from lanes_pipeline.dataset.held_out_tasks import (
 from lanes_pipeline.dataset.window import partition_dir
 from lanes_pipeline.dataset.writer import save_rows
 from lanes_pipeline.embedded import engines
-from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
 from lanes_pipeline.repos.snapshot import FileEntry, Snapshot
 from lanes_pipeline.settings import SandboxLimits, Settings, load_settings
 from lanes_pipeline.store import ArtifactStore
@@ -65,16 +69,19 @@ def codename_rows(questions: tuple[str, ...]) -> list[dict[str, Any]]:
     return [make_row(chat(q, ANSWER), task="explain") for q in questions]
 
 
-def write_codename_day(artifacts_root: Path, day: date) -> Path:
-    """One lora_dataset partition under `<artifacts_root>/lora_dataset/<day>/`, and the day's split with
-    nothing held out (no repository task) unless the test wrote one (write_held_out_tasks)."""
+def write_nothing_held_out(artifacts_root: Path, day: date) -> None:
+    """The day's split with nothing held out (no repository task), unless the test wrote one
+    (write_held_out_tasks)."""
     store = ArtifactStore(artifacts_root)
     if not store.exists(HELD_OUT_TASKS, day.isoformat(), HELD_OUT_FILE):
-        nothing_held = {
-            HELD_OUT_FILE: HeldOutDay(held_out_percent=0).model_dump(mode="json"),
-            SPLITS_FILE: {},
-        }
-        write_partition(store, HELD_OUT_TASKS, day.isoformat(), nothing_held)
+        nothing = HeldOutDay(held_out_percent=0)
+        files = {HELD_OUT_FILE: nothing.model_dump(mode="json"), SPLITS_FILE: {}}
+        write_partition(store, HELD_OUT_TASKS, day.isoformat(), files)
+
+
+def write_codename_day(artifacts_root: Path, day: date) -> Path:
+    """One lora_dataset partition under `<artifacts_root>/lora_dataset/<day>/`, with nothing held out."""
+    write_nothing_held_out(artifacts_root, day)
     return save_rows(
         partition_dir(artifacts_root, day), codename_rows(TRAIN_QUESTIONS), codename_rows(EVAL_QUESTIONS)
     )

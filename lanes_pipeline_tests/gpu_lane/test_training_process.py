@@ -19,13 +19,17 @@ from typing import Any
 import pytest
 from dagster import DagsterInstance, MaterializeResult, asset, materialize
 
-from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
+from lanes_pipeline.daily.resources import (
+    ArtifactStoreResource,
+    LoraTrainingResource,
+    PipelineSettingsResource,
+)
 from lanes_pipeline.dataset.window import partition_dir
 from lanes_pipeline.dataset.writer import save_rows
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.gpu_lane.client import VllmClient, asleep
-from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, LoraTrainingResource
+from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
 from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_training, start_trainer, stop
 from lanes_pipeline.gpu_lane.training.spec import TrainSpec
 from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK, remove_stale_partials
@@ -35,6 +39,7 @@ from lanes_pipeline_tests.gpu_lane.fixtures import (
     codename_rows,
     dataset_spec,
     write_codename_day,
+    write_nothing_held_out,
 )
 
 # The GPU-lane assets on the shipped configs' daily partitions (the definitions build them at load time).
@@ -296,6 +301,7 @@ def test_a_candidate_without_eval_rows_is_trained_but_not_promoted(
     candidate is not promoted, the reasons are in the metadata and the registry; the eval subprocess and
     vLLM are not needed for that (without repository tasks no figure could promote it)."""
     save_rows(partition_dir(tmp_path / "artifacts", DAY), codename_rows(TRAIN_QUESTIONS), [])
+    write_nothing_held_out(tmp_path / "artifacts", DAY)
     resources = _offline_resources(settings, tmp_path, max_steps=1, device="cpu")
     instance = DagsterInstance.ephemeral()
     result = materialize(

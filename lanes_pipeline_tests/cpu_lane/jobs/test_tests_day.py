@@ -4,7 +4,6 @@ first then the backlog, the selection and results remembered (a re-run of a day 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import date
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,11 @@ from lanes_pipeline.cpu_lane.jobs.day_selection import select_day
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.cpu_lane.jobs.oracle_tests import SymbolTestResult
 from lanes_pipeline.cpu_lane.jobs.tests_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
-from lanes_pipeline.git import build_history, ls_tree
-from lanes_pipeline.repos.snapshot import FileEntry, Snapshot, language_of
+from lanes_pipeline.git import build_history
 from lanes_pipeline.sandbox.isolation import detect_isolation
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore
+from lanes_pipeline_tests.cpu_lane.fixtures import sample_snapshot
 
 # What the model "proposes" per target (after the prefilled `name(`): one good call each, so every asked
 # symbol gets an accepted test; `top_words` gets a call that raises the same TypeError on every mutant.
@@ -50,23 +49,6 @@ class FakeLane:
         return BatchResult.model_construct(results=items, summary=summarize(items, 0.1), server=None)
 
 
-def snapshot(repo: Path, commit: str, previous: str | None, day: int) -> Snapshot:
-    files = [
-        FileEntry(path=e.path, blob=e.blob, language=language_of(e.path), size=e.size)
-        for e in ls_tree(repo, commit)
-        if not e.path.startswith("tests/")
-    ]
-    return Snapshot(
-        repo="sample",
-        day=date(2026, 11, day),
-        branch="HEAD",
-        commit=commit,
-        previous_commit=previous,
-        files=files,
-        repo_map="map",
-    )
-
-
 @pytest.mark.timeout(900)
 def test_a_day_takes_changed_symbols_then_the_backlog_and_a_rerun_asks_nothing(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
@@ -77,7 +59,7 @@ def test_a_day_takes_changed_symbols_then_the_backlog_and_a_rerun_asks_nothing(t
     register = Memo(store, "tests_register")
     day = SymbolTestDay(Memo(store, "symbol_tests"), register, config, tmp_path)
     isolation = detect_isolation()
-    snaps = [snapshot(repo, c, commits[i - 1] if i else None, i + 1) for i, c in enumerate(commits)]
+    snaps = [sample_snapshot(repo, c, commits[i - 1] if i else None, i + 1) for i, c in enumerate(commits)]
 
     def run_day(index: int) -> tuple[list[SymbolTestResult], SymbolTestCoverage | None]:
         """The day's job on the symbols day_symbols would choose (2 from the backlog a day)."""
