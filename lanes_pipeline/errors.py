@@ -294,7 +294,7 @@ def is_transient_error(exc: BaseException) -> bool:
 @contextmanager
 def about(what: str) -> Iterator[None]:
     """Names `what` (a symbol and its file, a row) on any exception raised inside, as a note that the step's
-    failure shows (host.py), so an error in the middle of a day's data says which item caused it."""
+    failure shows (steps.py), so an error in the middle of a day's data says which item caused it."""
     try:
         yield
     except Exception as exc:

@@ -21,8 +21,8 @@ from lanes_pipeline.bench.report import (
     read_report,
     report_markdown,
 )
-from lanes_pipeline.host import STOP_REQUESTED
 from lanes_pipeline.settings import Settings, load_settings
+from lanes_pipeline.steps import STOP_REQUESTED
 
 BENCHMARKS = ("cpu_lane", "gpu_lane", "trials", "cpu_yield", "cpu_servers", "learning", "drills")
 # Run only when named: `suite` runs the whole test suite (over an hour here), not a lane's figures.

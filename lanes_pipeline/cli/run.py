@@ -20,8 +20,8 @@ from lanes_pipeline.deploy.instance import in_process_run_tags, prepare_instance
 from lanes_pipeline.embedded.servers import LANE_LABEL, LaneEndpoints, LaneName, running_lanes
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.client import VllmClient
-from lanes_pipeline.host import STOP_REQUESTED
 from lanes_pipeline.settings import ConfigError, Settings, load_settings
+from lanes_pipeline.steps import STOP_REQUESTED
 
 DAILY_JOB = "daily_lanes"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from lanes_pipeline.host import STOP_REQUESTED
+from lanes_pipeline.steps import STOP_REQUESTED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 

@@ -4,7 +4,7 @@ Every CPU-lane asset goes through `run_batch`: slot-bounded, cached (a re-run of
 nothing), resumable (each answer is committed as it arrives), with progress lines and summary metadata.
 
 Concurrency across runs: CPU-lane assets declare `pool="cpu_lane"`, whose limit `lanes run` / `lanes dev`
-set to the server's slots (lanes_pipeline/instance.py); every batch, in any process (a Dagster step, the
+set to the server's slots (deploy/instance.py); every batch, in any process (a Dagster step, the
 `lanes cpu` CLI), takes the same slots through per-slot lock files under `<data>/run/cpu-lane-slots/`, so
 two runs share the server's slots instead of doubling the queue.
 

@@ -43,10 +43,10 @@ from lanes_pipeline.dataset.writer import (
     shape,
 )
 from lanes_pipeline.errors import about
-from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.repos.location import repo_location
 from lanes_pipeline.repos.scan import body_text
 from lanes_pipeline.repos.snapshot import load_snapshots
+from lanes_pipeline.steps import asset_step
 from lanes_pipeline.store import ArtifactStore, sha256_tree
 
 REPO_SNAPSHOT = AssetKey("repo_snapshot")
@@ -93,7 +93,7 @@ def skipped_of(splits: dict[str, RepoHoldOut]) -> dict[str, str]:
     description="The day's held-out symbols, the held-out functions with passing tests (the GPU lane's "
     "repository tasks) and the new or changed functions to teach.",
 )
-@with_host_figures
+@asset_step
 def held_out_tasks(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,
@@ -181,7 +181,7 @@ def _no_tokens(messages: list[dict[str, str]]) -> int:
     description="Chat-format LoRA dataset of the day (train/eval): the CPU lane's accepted work and the "
     "day's functions to teach, rows about held-out symbols in eval only.",
 )
-@with_host_figures
+@asset_step
 def lora_dataset(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

@@ -60,8 +60,8 @@ from lanes_pipeline.gpu_lane.repo_tasks import day_tasks
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, service_for
 from lanes_pipeline.gpu_lane.training.runner import run_training
 from lanes_pipeline.gpu_lane.training.spec import LOSS_CURVE, TrainSpec, TrainSummary
-from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.settings import PipelineConfig, TrainingConfig, data_dir
+from lanes_pipeline.steps import asset_step
 from lanes_pipeline.store import ArtifactStore
 
 GROUP, POOL = "gpu_lane", "gpu_lane"
@@ -130,7 +130,7 @@ def _too_few_rows(rows: int, dirs: list[Path], config: TrainingConfig) -> str:
     description="PEFT LoRA trained in a subprocess (Dagster Pipes) on the window of lora_dataset days; a new "
     "version folder, or no adapter today (too few training rows) with the reason.",
 )
-@with_host_figures
+@asset_step
 def lora_adapter(
     context: AssetExecutionContext,
     gpu_lane: GpuLaneResource,
@@ -290,7 +290,7 @@ def _record_learning(store: ArtifactStore, point: LearningPoint) -> dict[str, An
     "tasks, HumanEval pass@1 (forgetting guard), eval loss on held-out rows; the promotion decision and "
     "the day's point of the learning curve.",
 )
-@with_host_figures
+@asset_step
 def adapter_evaluation(
     context: AssetExecutionContext,
     gpu_lane: GpuLaneResource,
@@ -381,7 +381,7 @@ def adapter_evaluation(
     description="The day's adapter loaded into vLLM under its version name; the stable alias moved to it if "
     "it passed evaluation. No adapter today: nothing is asked of vLLM.",
 )
-@with_host_figures
+@asset_step
 def served_adapter(
     context: AssetExecutionContext,
     gpu_lane: GpuLaneResource,

@@ -1,17 +1,66 @@
-"""One chat request to each lane per materialization: tokens/s and latency plotted over time in the UI,
-so a slower build, a changed flag or a bandwidth fight between the lanes shows up as a dip."""
+"""One chat request to each lane per materialization, with the figures users judge a lane by: tokens/s and
+latency, plotted over time in the UI, so a slower build, a changed flag or a bandwidth fight between the
+lanes shows up as a dip."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
+import time
 from typing import Any
 
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
+from pydantic import BaseModel
 
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource
-from lanes_pipeline.host import with_host_figures
-from lanes_pipeline.probe import ProbeResult, probe
+from lanes_pipeline.http import ChatMessage, ChatRequest, OpenAIClient
+from lanes_pipeline.steps import asset_step
+
+PROBE_PROMPT = "Write a one-line Python function that returns the square of x."
+
+
+class ProbeResult(BaseModel):
+    lane: str
+    model: str
+    answer: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    # Server-measured where the server reports it (llama-server's `timings`), else wall-clock over the
+    # whole request, which understates generation speed by the prompt time: said in `speed_source`.
+    prompt_tokens_per_s: float | None
+    generation_tokens_per_s: float
+    speed_source: str
+
+
+def probe(client: OpenAIClient, model: str, prompt: str = PROBE_PROMPT, max_tokens: int = 48) -> ProbeResult:
+    request = ChatRequest(
+        model=model, messages=[ChatMessage(role="user", content=prompt)], max_tokens=max_tokens, temperature=0
+    )
+    started = time.perf_counter()
+    response = client.chat(request)
+    latency = time.perf_counter() - started
+    timings = response.timings
+    if timings is not None and timings.predicted_per_second:
+        gen_tps, prompt_tps, source = (
+            timings.predicted_per_second,
+            timings.prompt_per_second,
+            "server timings",
+        )
+    else:
+        gen_tps = response.usage.completion_tokens / latency if latency > 0 else 0.0
+        prompt_tps, source = None, "client wall clock"
+    return ProbeResult(
+        lane=client.lane,
+        model=model,
+        answer=response.text.strip(),
+        prompt_tokens=response.usage.prompt_tokens,
+        completion_tokens=response.usage.completion_tokens,
+        latency_s=round(latency, 3),
+        prompt_tokens_per_s=round(prompt_tps, 1) if prompt_tps else None,
+        generation_tokens_per_s=round(gen_tps, 1),
+        speed_source=source,
+    )
 
 
 def _result(result: ProbeResult, url: str) -> MaterializeResult:
@@ -47,7 +96,7 @@ def _endpoint_figures(index: int, url: str, result: ProbeResult | None, error: s
     retry_policy=LANE_RETRY,
     description="One chat request to each server of the CPU lane: tok/s, latency.",
 )
-@with_host_figures
+@asset_step
 def cpu_lane_probe(context: AssetExecutionContext, cpu_lane: CpuLaneResource) -> MaterializeResult:
     """With several servers (`cpu_lane.endpoints`) each is asked, so one box that slowed down shows in its
     own `endpoint_<i>/...` figures; one that does not answer is named (`endpoint_<i>/down`) and the probe
@@ -87,7 +136,7 @@ def cpu_lane_probe(context: AssetExecutionContext, cpu_lane: CpuLaneResource) ->
     retry_policy=LANE_RETRY,
     description="One chat request to the GPU lane: tok/s, latency.",
 )
-@with_host_figures
+@asset_step
 def gpu_lane_probe(context: AssetExecutionContext, gpu_lane: GpuLaneResource) -> MaterializeResult:
     with gpu_lane.client() as client:
         result = probe(client, gpu_lane.config.served_model_name)

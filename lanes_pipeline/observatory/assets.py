@@ -10,9 +10,9 @@ from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import PipelineSettingsResource
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource
-from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.observatory.benchmark import lane_target, run_benchmark
 from lanes_pipeline.observatory.workload import WORKLOADS
+from lanes_pipeline.steps import asset_step
 
 
 class LaneBenchmarksConfig(Config):
@@ -27,7 +27,7 @@ class LaneBenchmarksConfig(Config):
     description="Both lanes on a fixed workload: TTFT, prompt/generation tok/s, p50/p95, prefix-cache hits, "
     "KV use, PF, and how much each lane slows the other (CPU yielding off and on).",
 )
-@with_host_figures
+@asset_step
 def lane_benchmarks(
     context: AssetExecutionContext,
     config: LaneBenchmarksConfig,

@@ -32,8 +32,7 @@ from lanes_pipeline.embedded.servers import (
 from lanes_pipeline.errors import EmbeddedStartError, LaneUnreachableError, PortInUseError
 from lanes_pipeline.gpu_lane.resources import GpuLaneResource
 from lanes_pipeline.http import OpenAIClient
-from lanes_pipeline.loop.lane_probes import cpu_lane_probe, gpu_lane_probe
-from lanes_pipeline.probe import probe
+from lanes_pipeline.loop.lane_probes import cpu_lane_probe, gpu_lane_probe, probe
 from lanes_pipeline.settings import CpuLane, EmbeddedCpuServer, GpuLane, Settings, load_settings, project_root
 from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.core.processes import free_port, port_is_free

@@ -25,8 +25,8 @@ from lanes_pipeline.cli.run import stop_if_interrupted
 from lanes_pipeline.cli.stopping import STOP_SIGNALS, stop_like_ctrl_c
 from lanes_pipeline.deploy.instance import NOT_FINISHED
 from lanes_pipeline.embedded.servers import EmbeddedServer
-from lanes_pipeline.host import STOP_REQUESTED, with_host_figures
 from lanes_pipeline.settings import Settings, project_root
+from lanes_pipeline.steps import STOP_REQUESTED, asset_step
 from lanes_pipeline_tests.config_files import read_config, write_config
 from lanes_pipeline_tests.core.processes import family, free_port, port_is_free, survivors
 from lanes_pipeline_tests.daily.fixtures import DailyProject, daily_project
@@ -117,14 +117,14 @@ def test_a_step_interrupted_mid_run_is_stopped_not_retried(sig: signal.Signals) 
     refuses to run, and the run ends at once."""
 
     @asset(retry_policy=RetryPolicy(max_retries=2, delay=60))
-    @with_host_figures
+    @asset_step
     def long_step() -> MaterializeResult:
         os.kill(os.getpid(), sig)
         time.sleep(30)  # interrupted here
         return MaterializeResult()
 
     @asset(deps=[long_step])
-    @with_host_figures
+    @asset_step
     def next_step() -> MaterializeResult:
         return MaterializeResult()
 

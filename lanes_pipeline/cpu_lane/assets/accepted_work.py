@@ -21,11 +21,11 @@ from lanes_pipeline.dataset.contract import TASKS
 from lanes_pipeline.dataset.holdout_rules import symbol_with_context
 from lanes_pipeline.dataset.writer import ACCEPTED_FILE, ACCEPTED_WORK, AcceptedWork, Candidate
 from lanes_pipeline.git import read_blobs
-from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.repos.location import repo_location
 from lanes_pipeline.repos.snapshot import Snapshot, load_snapshots
 from lanes_pipeline.repos.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.settings import Settings
+from lanes_pipeline.steps import asset_step
 
 
 def explanation(analysis: FileAnalysis) -> str:
@@ -144,7 +144,7 @@ def day_sources(settings: Settings, snapshots: list[Snapshot]) -> dict[tuple[str
     description="The day's accepted CPU-lane results as dataset candidates (explain, write tests, write "
     "docs, propose a diff), and each symbol's accepted tests.",
 )
-@with_host_figures
+@asset_step
 def accepted_work(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

@@ -23,10 +23,10 @@ from lanes_pipeline.cpu_lane.resources import CpuLaneResource, fail_on_transient
 from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
-from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.repos.location import repo_location
 from lanes_pipeline.repos.snapshot import load_snapshots
 from lanes_pipeline.sandbox.isolation import Isolation, detect_isolation
+from lanes_pipeline.steps import asset_step
 
 
 def doc_row(repo: str, result: DocsResult) -> GeneratedDocRow:
@@ -82,7 +82,7 @@ def coverage_table(coverage: list[DocsCoverage]) -> Any:
     description="Docstrings with usage examples for the day's symbols (generated_tests' selection): sampled "
     "per symbol, accepted when they name every parameter and their examples pass as doctests in the sandbox.",
 )
-@with_host_figures
+@asset_step
 def generated_docs(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

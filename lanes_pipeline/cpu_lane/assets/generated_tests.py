@@ -24,8 +24,8 @@ from lanes_pipeline.cpu_lane.resources import CpuLaneResource, fail_on_transient
 from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
-from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.sandbox.isolation import Isolation, detect_isolation
+from lanes_pipeline.steps import asset_step
 
 # Which rejection stands for a symbol without an accepted test: the one that got furthest.
 _FURTHEST = (
@@ -102,7 +102,7 @@ def coverage_table(coverage: list[SymbolTestCoverage]) -> Any:
     description="Generated pytest tests per symbol (changed symbols, then the coverage backlog): regression "
     "oracles sampled per symbol, accepted after passing repeated sandbox runs and failing on both mutants.",
 )
-@with_host_figures
+@asset_step
 def generated_tests(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

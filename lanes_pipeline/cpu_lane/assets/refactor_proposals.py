@@ -36,9 +36,9 @@ from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.git import read_blobs
-from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
+from lanes_pipeline.steps import asset_step
 
 
 def refactor_key(model: str, symbol: Symbol, max_tokens: int) -> str:
@@ -127,7 +127,7 @@ def figures(items: list[RefactorRow], checks: Memo, coverage: Sequence[RepoCover
     description="Refactors of the day's symbols as unified diffs confined to each symbol's lines, accepted "
     "only if they apply and every test passes with them.",
 )
-@with_host_figures
+@asset_step
 def refactor_proposals(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

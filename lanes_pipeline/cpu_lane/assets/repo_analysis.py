@@ -39,9 +39,9 @@ from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.policies import LANE_RETRY
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
-from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
+from lanes_pipeline.steps import asset_step
 
 
 def analysis_key(model: str, symbol: Symbol, max_tokens: int) -> str:
@@ -168,7 +168,7 @@ def figures(repos: list[AnalysisRow], coverage: Sequence[RepoCoverage]) -> Analy
     description="Per-symbol structured analysis from the CPU lane (changed symbols, then the coverage "
     "backlog); answers remembered by each symbol's source and context.",
 )
-@with_host_figures
+@asset_step
 def repo_analysis(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

@@ -13,16 +13,16 @@ from lanes_pipeline.cpu_lane.jobs.day_selection import DAY_SYMBOLS, SELECTION_FI
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
-from lanes_pipeline.host import with_host_figures
 from lanes_pipeline.repos.location import repo_location
 from lanes_pipeline.repos.snapshot import SelectionRules, load_snapshots, take_snapshot
+from lanes_pipeline.steps import asset_step
 
 
 @asset(
     group_name="cpu_lane",
     description="Each repository at the end of the day: commit, inventory, changes, left-out files, map.",
 )
-@with_host_figures
+@asset_step
 def repo_snapshot(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,
@@ -79,7 +79,7 @@ def repo_snapshot(
     description="The day's symbols of each repository that every CPU-lane job works on: new and changed "
     "since the day before first, then up to backlog_per_day never covered, most referenced first.",
 )
-@with_host_figures
+@asset_step
 def day_symbols(
     context: AssetExecutionContext,
     artifact_store: ArtifactStoreResource,

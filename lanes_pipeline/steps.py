@@ -1,10 +1,12 @@
-"""Host CPU and memory over one step, as Dagster metadata (`host/...`): plotted over the days beside each
-asset's own figures, so a step that slows because the two lanes fight over the machine shows why.
+"""What wraps every asset step: `asset_step` goes under `@asset(...)`.
 
-`with_host_figures` goes under `@asset(...)`: it measures the host while the asset function runs (or while
-its generator runs) and adds the figures to each MaterializeResult it returns or yields. The figures come
-from psutil: system-wide CPU utilization and memory over the step (sampled in a thread), and the peak RSS of
-the step's process and of the subprocesses it waited for (the trainer, the sandbox).
+- The host's CPU and memory over the step, as Dagster metadata (`host/...`), plotted over the days beside
+  each asset's own figures, so a step that slows because the two lanes fight over the machine shows why.
+  The figures come from psutil: system-wide CPU utilization and memory over the step (sampled in a
+  thread), and the peak RSS of the step's process and of the subprocesses it waited for (the trainer, the
+  sandbox); they are added to each MaterializeResult the function returns or yields.
+- The guard that decides whether a failed step may be retried: a stop signal (SIGTERM, Ctrl-C) or a
+  deterministic error fails it for good; only transient lane errors meet the retry policy.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ def _reraise(exc: Exception) -> None:
     raise failed_for_good(exc) from exc
 
 
-def with_host_figures(fn: F) -> F:
+def asset_step(fn: F) -> F:
     """Add `host/...` figures of the step to the asset's MaterializeResult(s); signature kept for Dagster.
     A step that starts after a stop signal does not run (`refuse_after_stop`), one interrupted while it
     runs is stopped, not retried (`stopped_step`), and one that raised a deterministic error fails at once

@@ -1,4 +1,4 @@
-"""Host CPU and memory per step in the metadata: `with_host_figures` under `@asset` keeps what Dagster reads
+"""Host CPU and memory per step in the metadata: `asset_step` under `@asset` keeps what Dagster reads
 from the signature (context, resources) and adds psutil's figures over the step to the MaterializeResult."""
 
 # No `from __future__ import annotations` here: Dagster reads the annotations of the assets below.
@@ -29,13 +29,13 @@ from lanes_pipeline.errors import (
     is_transient_error,
     status_error,
 )
-from lanes_pipeline.host import STOP_REQUESTED, with_host_figures
+from lanes_pipeline.steps import STOP_REQUESTED, asset_step
 
 DAYS = DailyPartitionsDefinition(start_date="2026-11-01")
 
 
 @asset(partitions_def=DAYS)
-@with_host_figures
+@asset_step
 def busy_step(context: AssetExecutionContext, artifact_store: ArtifactStoreResource) -> MaterializeResult:
     deadline = time.monotonic() + 1.5
     while time.monotonic() < deadline:  # keep one core busy: the mean cannot be zero
@@ -45,7 +45,7 @@ def busy_step(context: AssetExecutionContext, artifact_store: ArtifactStoreResou
 
 
 @asset(partitions_def=DAYS, output_required=False)
-@with_host_figures
+@asset_step
 def yielding_step(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
     yield MaterializeResult(metadata={"day": context.partition_key})
 
@@ -76,7 +76,7 @@ def test_each_step_gets_host_cpu_and_memory_figures(tmp_path: Path) -> None:
 def test_a_step_that_starts_after_a_stop_signal_refuses_to_run_for_good() -> None:
     calls = []
 
-    @with_host_figures
+    @asset_step
     def step() -> None:
         calls.append(1)
 
@@ -95,7 +95,7 @@ QUICK_RETRY = RetryPolicy(max_retries=2, delay=0)
 
 
 @asset(retry_policy=QUICK_RETRY)
-@with_host_figures
+@asset_step
 def step_with_a_bad_symbol() -> MaterializeResult:
     ATTEMPTS.append("deterministic")
     with about("symbol pkg/mod.py::Cache.__init__ (lines 10-14)"):
@@ -103,7 +103,7 @@ def step_with_a_bad_symbol() -> MaterializeResult:
 
 
 @asset(retry_policy=QUICK_RETRY)
-@with_host_figures
+@asset_step
 def step_with_a_lane_down() -> MaterializeResult:
     ATTEMPTS.append("transient")
     raise LaneConnectionError("CPU", "http://127.0.0.1:9", "POST", "/completion", "connection refused")
@@ -141,7 +141,7 @@ def test_a_deterministic_error_fails_the_step_at_once_naming_the_item_and_a_lane
 def test_only_transient_lane_errors_are_left_to_the_retry_policy(error: Exception, transient: bool) -> None:
     assert is_transient_error(error) is transient
 
-    @with_host_figures
+    @asset_step
     def step() -> None:
         raise error
 
