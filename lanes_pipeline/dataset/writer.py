@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.daily.artifacts import Figures
 from lanes_pipeline.dataset.contract import (
     TASKS,
@@ -63,11 +64,9 @@ class Candidate(BaseModel):
         return (self.task, self.repo, self.path, sha256_bytes(self.answer.encode()))
 
 
-class AcceptedWork(BaseModel):
+class AcceptedWork(Frozen):
     """What the CPU lane hands the dataset for a day (the `accepted_work` asset): its accepted results as
     candidates, and the accepted test modules of each symbol, which judge the held-out tasks."""
-
-    model_config = ConfigDict(frozen=True)
 
     candidates: list[Candidate] = Field(default_factory=list)
     tests: dict[str, dict[str, list[str]]] = Field(
