@@ -158,7 +158,8 @@ def lora_adapter(
             )
         metadata = _train_day(context, day, config, dirs, gpu_lane, lora_training, adapter_registry)
         record_outcome(store, day, DayAdapter(version=metadata["version"], reason="trained"))
-        return MaterializeResult(metadata={**metadata, "train_rows": rows})
+        window = [d.name for d in dirs]  # the days the replay window's mapping gave that were saved
+        return MaterializeResult(metadata={**metadata, "train_rows": rows, "window": window})
 
 
 def _train_day(

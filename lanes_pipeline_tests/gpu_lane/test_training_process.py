@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -265,6 +265,26 @@ def _offline_resources(settings: Settings, tmp_path: Path, **training: Any) -> d
 def _metadata(result: Any, asset: str) -> dict[str, Any]:
     [event] = [e for e in result.get_asset_materialization_events() if e.asset_key.path == [asset]]
     return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def test_the_replay_window_is_the_saved_days_its_partition_mapping_gives(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """lora_adapter reads the days Dagster maps its day to (replay_window_days up to the day), not every
+    folder there is: a day before the window and a day after it are left out, an unfinished day too."""
+    artifacts = tmp_path / "artifacts"
+    days = {offset: DAY + timedelta(days=offset) for offset in (-8, -1, 0, 1)}
+    for index, day in enumerate(days.values()):
+        question = TRAIN_QUESTIONS[index : index + 1]
+        save_rows(partition_dir(artifacts, day), codename_rows(question), [])
+    (partition_dir(artifacts, DAY - timedelta(days=2))).mkdir()  # an unfinished day: no dataset_dict.json
+    resources = _offline_resources(settings, tmp_path, min_train_rows=1000)
+    result = materialize([dataset_spec(), lora_adapter], partition_key=DAY.isoformat(), resources=resources)
+    assert result.success
+    metadata = _metadata(result, "lora_adapter")
+    assert settings.training.replay_window_days == 7
+    assert metadata["window"] == [days[-1].isoformat(), DAY.isoformat()]
+    assert metadata["train_rows"] == 2
 
 
 @pytest.mark.parametrize("train_rows", [0, 2])
