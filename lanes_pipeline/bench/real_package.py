@@ -40,7 +40,7 @@ from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.repos.scan import symbols_at
-from lanes_pipeline.repos.snapshot import LeftOut, Snapshot, is_test_path
+from lanes_pipeline.repos.snapshot import LeftOut, Snapshot
 from lanes_pipeline.settings import Settings, edit_config_file, load_settings
 from lanes_pipeline.store import ArtifactStore
 
@@ -242,7 +242,7 @@ def day_coverage(store: ArtifactStore, built: ReleaseRepo) -> list[DayCoverage]:
             if s["repo"] == REPO_NAME
         )
         snapshots.append(snapshot)
-        paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
+        paths = snapshot.code_paths()
         found = symbols_at(built.path, snapshot.commit, paths).symbols if snapshot.commit else []
         symbols.append({s.id: s.memo_key for s in found})
         rows = read_results(store, "generated_tests", day, GeneratedTestRow)

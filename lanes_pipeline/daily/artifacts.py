@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagster import MetadataValue
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from lanes_pipeline.store import ArtifactStore, sha256_tree
 
@@ -21,6 +21,19 @@ def write_partition(store: ArtifactStore, asset: str, day: str, files: dict[str,
             data = value.encode("utf-8") if isinstance(value, str) else _pretty_json(value)
             (staging / name).write_bytes(data)
     return sha256_tree(target)
+
+
+def read_partition(store: ArtifactStore, asset: str, day: str, name: str, shape: Any, what: str) -> Any:
+    """An upstream asset's file `name` of the day, validated as `shape` (a model or a type such as
+    dict[str, Model]): a missing partition says to materialize it, a file that does not fit names itself
+    and `what` it should hold."""
+    where = store.folder(asset, day) / name
+    if not where.is_file():
+        raise FileNotFoundError(f"{asset} has no partition {day} ({where}): materialize it first")
+    try:
+        return TypeAdapter(shape).validate_python(store.read_json(asset, day, name))
+    except ValueError as exc:
+        raise ValueError(f"{where}: not {what}: {exc}") from exc
 
 
 def _pretty_json(value: Any) -> bytes:

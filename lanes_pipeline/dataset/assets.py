@@ -15,7 +15,7 @@ from datetime import date
 
 from dagster import AssetDep, AssetExecutionContext, AssetKey, MaterializeResult, MetadataValue, asset
 
-from lanes_pipeline.daily.artifacts import md_table, write_partition
+from lanes_pipeline.daily.artifacts import md_table, read_partition, write_partition
 from lanes_pipeline.daily.partitions import previous_day
 from lanes_pipeline.daily.resources import (
     ArtifactStoreResource,
@@ -43,9 +43,8 @@ from lanes_pipeline.dataset.writer import (
     shape,
 )
 from lanes_pipeline.errors import about
-from lanes_pipeline.repos.location import repo_location
+from lanes_pipeline.repos.location import located_snapshots
 from lanes_pipeline.repos.scan import body_text
-from lanes_pipeline.repos.snapshot import load_snapshots
 from lanes_pipeline.steps import asset_step
 from lanes_pipeline.store import ArtifactStore, sha256_tree
 
@@ -55,13 +54,9 @@ ACCEPTED_WORK_KEY, HELD_OUT_TASKS_KEY = AssetKey(ACCEPTED_WORK), AssetKey(HELD_O
 
 def load_accepted_work(store: ArtifactStore, day: str) -> AcceptedWork:
     """accepted_work's partition of the day, as it wrote it."""
-    where = store.folder(ACCEPTED_WORK, day) / ACCEPTED_FILE
-    if not where.is_file():
-        raise FileNotFoundError(f"{ACCEPTED_WORK} has no partition {day} ({where}): materialize it first")
-    try:
-        return AcceptedWork.model_validate(store.read_json(ACCEPTED_WORK, day, ACCEPTED_FILE))
-    except ValueError as exc:
-        raise ValueError(f"{where}: not the CPU lane's accepted work: {exc}") from exc
+    return read_partition(
+        store, ACCEPTED_WORK, day, ACCEPTED_FILE, AcceptedWork, "the CPU lane's accepted work"
+    )
 
 
 def taught_before(store: ArtifactStore, day: str) -> bool:
@@ -105,15 +100,14 @@ def held_out_tasks(
     accepted = load_accepted_work(store, day).tests
     first = not taught_before(store, day)
     percent = settings.pipeline.dataset.held_out_percent
-    entries = {e.name: e for e in settings.repos.repos}
     tasks = HeldOutDay(held_out_percent=percent)
     splits: dict[str, RepoHoldOut] = {}
-    for snapshot in load_snapshots(store, day):
+    for snapshot, location in located_snapshots(store, day, settings):
         if snapshot.commit is None:
             continue
         split = held_out_of_repo(
             snapshot,
-            repo_location(settings, entries[snapshot.repo]),
+            location,
             percent,
             accepted.get(snapshot.repo, {}),
             settings.pipeline.cpu_assets.sandbox,

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field
 
+from lanes_pipeline.daily.artifacts import read_partition
 from lanes_pipeline.dataset.holdout_rules import (
     HeldOutFunction,
     calling_tests,
@@ -25,7 +26,7 @@ from lanes_pipeline.dataset.holdout_rules import (
     leaked,
 )
 from lanes_pipeline.repos.scan import function_stub, symbols_at
-from lanes_pipeline.repos.snapshot import Snapshot, is_test_path
+from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest_outcomes
 from lanes_pipeline.settings import SandboxLimits
@@ -49,26 +50,13 @@ class HeldOutDay(BaseModel):
 
 def load_held_out(store: ArtifactStore, day: str) -> HeldOutDay:
     """The day's held-out functions as held_out_tasks wrote them."""
-    where = store.folder(HELD_OUT_TASKS, day) / HELD_OUT_FILE
-    if not where.is_file():
-        raise FileNotFoundError(f"{HELD_OUT_TASKS} has no partition {day} ({where}): materialize it first")
-    try:
-        return HeldOutDay.model_validate(store.read_json(HELD_OUT_TASKS, day, HELD_OUT_FILE))
-    except ValueError as exc:
-        raise ValueError(f"{where}: not a held-out task list: {exc}") from exc
+    return read_partition(store, HELD_OUT_TASKS, day, HELD_OUT_FILE, HeldOutDay, "a held-out task list")
 
 
 def load_splits(store: ArtifactStore, day: str) -> dict[str, RepoHoldOut]:
     """repo -> the day's split of it, as held_out_tasks wrote it."""
-    where = store.folder(HELD_OUT_TASKS, day) / SPLITS_FILE
-    if not where.is_file():
-        raise FileNotFoundError(f"{HELD_OUT_TASKS} has no partition {day} ({where}): materialize it first")
-    try:
-        return TypeAdapter(dict[str, RepoHoldOut]).validate_python(
-            store.read_json(HELD_OUT_TASKS, day, SPLITS_FILE)
-        )
-    except ValueError as exc:
-        raise ValueError(f"{where}: not the day's held-out splits: {exc}") from exc
+    shape = dict[str, RepoHoldOut]
+    return read_partition(store, HELD_OUT_TASKS, day, SPLITS_FILE, shape, "the day's held-out splits")
 
 
 def training_leaks(held: HeldOutDay, train_texts: Sequence[str]) -> list[str]:
@@ -189,7 +177,7 @@ def held_out_of_repo(
     to teach (see RepoHoldOut)."""
     if snapshot.commit is None:
         return RepoHoldOut()
-    paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
+    paths = snapshot.code_paths()
     today = symbols_at(location, snapshot.commit, paths)
     # Functions unchanged since the previous day were taught then, and stay in the replay window; with
     # nothing taught yet (`teach_all`: no earlier dataset, e.g. a new install's first day, whose repository

@@ -101,6 +101,10 @@ class Snapshot(Frozen):
     def file(self, path: str) -> FileEntry:
         return next(f for f in self.files if f.path == path)
 
+    def code_paths(self) -> set[str]:
+        """The Python files that are not tests: the ones whose symbols the pipeline works on."""
+        return {f.path for f in self.files if f.language == "python" and not is_test_path(f.path)}
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Pure rules

@@ -40,6 +40,7 @@ def test_assets_and_resources_resolve() -> None:
 # argument naming the folder it reads (`read_results(store, "generated_tests", ...)`).
 READERS = {
     "load_snapshots": {"repo_snapshot"},
+    "located_snapshots": {"repo_snapshot"},
     "day_repos": {"repo_snapshot", "day_symbols"},
     "load_day_selection": {"day_symbols"},
     "load_accepted_work": {"accepted_work"},

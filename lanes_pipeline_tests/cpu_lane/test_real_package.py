@@ -54,7 +54,7 @@ from lanes_pipeline.definitions import CPU_DAY_MODULES
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.git import git
 from lanes_pipeline.repos.scan import symbols_at
-from lanes_pipeline.repos.snapshot import Snapshot, is_test_path
+from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol, diff_scans
 from lanes_pipeline.sandbox.isolation import detect_isolation, export_commit, judge_test_file, open_sandbox
 from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
@@ -107,7 +107,7 @@ class Backfill:
     def symbols(self, index: int) -> list[Symbol]:
         commit = self.repo.releases[index].commit
         snap = self.snapshot(self.days()[index])
-        paths = {f.path for f in snap.files if f.language == "python" and not is_test_path(f.path)}
+        paths = snap.code_paths()
         return symbols_at(self.repo.path, commit, paths).symbols
 
 

@@ -47,7 +47,7 @@ def test_the_splits_and_the_accepted_work_read_back_as_written(tmp_path: Path) -
     assert load_splits(store, "2026-11-01") == {"r": RepoHoldOut(unmaskable=["a.py"])}
     work = AcceptedWork(
         candidates=[Candidate(task="explain", repo="r", path="a.py", code="x = 1\n", answer="Sets x.")],
-        tests={"r": {"f": ["def test_f():\n    assert True\n"]}},
+        tests={"r": {"f": ["from a import f\n\n\ndef test_f():\n    assert f(2) == 4\n"]}},
     )
     write_partition(store, ACCEPTED_WORK, "2026-11-01", {ACCEPTED_FILE: work.model_dump(mode="json")})
     assert load_accepted_work(store, "2026-11-01") == work

@@ -4,6 +4,8 @@ AcceptedWork), the one thing the dataset reads from the CPU lane: explain <- acc
 answers at the day's commit; and the accepted tests of each symbol, which judge the held-out tasks."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
+from pathlib import Path
+
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from lanes_pipeline.cpu_lane.assets.common import read_results
@@ -21,10 +23,9 @@ from lanes_pipeline.dataset.contract import TASKS
 from lanes_pipeline.dataset.holdout_rules import symbol_with_context
 from lanes_pipeline.dataset.writer import ACCEPTED_FILE, ACCEPTED_WORK, AcceptedWork, Candidate
 from lanes_pipeline.git import read_blobs
-from lanes_pipeline.repos.location import repo_location
-from lanes_pipeline.repos.snapshot import Snapshot, load_snapshots
+from lanes_pipeline.repos.location import located_snapshots
+from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol, all_symbols, scan_repo
-from lanes_pipeline.settings import Settings
 from lanes_pipeline.steps import asset_step
 
 
@@ -125,14 +126,13 @@ def tests_by_symbol(rows: list[GeneratedTestRow]) -> dict[str, dict[str, list[st
     return found
 
 
-def day_sources(settings: Settings, snapshots: list[Snapshot]) -> dict[tuple[str, str], str]:
+def day_sources(located: list[tuple[Snapshot, Path]]) -> dict[tuple[str, str], str]:
     """(repo, path) -> the file's text at the day's commit, for every file of the day's snapshots."""
-    entries = {e.name: e for e in settings.repos.repos}
     sources: dict[tuple[str, str], str] = {}
-    for snapshot in snapshots:
+    for snapshot, location in located:
         if snapshot.commit is None:
             continue
-        blobs = read_blobs(repo_location(settings, entries[snapshot.repo]), [f.blob for f in snapshot.files])
+        blobs = read_blobs(location, [f.blob for f in snapshot.files])
         sources.update({(snapshot.repo, f.path): blobs[f.blob].decode("utf-8") for f in snapshot.files})
     return sources
 
@@ -153,8 +153,9 @@ def accepted_work(
     settings = pipeline_settings.load()
     store = artifact_store.store()
     day = context.partition_key
-    snapshots = load_snapshots(store, day)
-    sources = day_sources(settings, snapshots)
+    located = located_snapshots(store, day, settings)
+    snapshots = [snapshot for snapshot, _ in located]
+    sources = day_sources(located)
     generated = read_results(store, "generated_tests", day, GeneratedTestRow)
     candidates = candidates_of_day(
         read_results(store, "repo_analysis", day, AnalysisRow),

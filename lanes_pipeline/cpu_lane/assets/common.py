@@ -14,8 +14,8 @@ from lanes_pipeline.cpu_lane.batching.batch_models import DETERMINISTIC_FAILURES
 from lanes_pipeline.cpu_lane.jobs.day_selection import DaySelection, load_day_selection
 from lanes_pipeline.cpu_lane.jobs.rows import LaneUsageFigures, RowT, read_rows
 from lanes_pipeline.cpu_lane.resources import servers_metadata
-from lanes_pipeline.repos.location import repo_location
-from lanes_pipeline.repos.snapshot import Snapshot, load_snapshots
+from lanes_pipeline.repos.location import located_snapshots
+from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.settings import Settings
 from lanes_pipeline.store import ArtifactStore
 
@@ -31,10 +31,8 @@ class DayRepo(NamedTuple):
 
 def day_repos(store: ArtifactStore, day: str, settings: Settings) -> list[DayRepo]:
     """Each repository of repo_snapshot's day with the symbols day_symbols chose in it."""
-    entries = {e.name: e for e in settings.repos.repos}
     found = []
-    for snapshot in load_snapshots(store, day):
-        location = repo_location(settings, entries[snapshot.repo])
+    for snapshot, location in located_snapshots(store, day, settings):
         selection = None if snapshot.commit is None else load_day_selection(store, day, snapshot, location)
         found.append(DayRepo(snapshot, location, selection))
     return found

@@ -13,8 +13,8 @@ from lanes_pipeline.cpu_lane.jobs.day_selection import DAY_SYMBOLS, SELECTION_FI
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.daily.artifacts import md_table, write_partition
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
-from lanes_pipeline.repos.location import repo_location
-from lanes_pipeline.repos.snapshot import SelectionRules, load_snapshots, take_snapshot
+from lanes_pipeline.repos.location import located_snapshots, repo_location
+from lanes_pipeline.repos.snapshot import SelectionRules, take_snapshot
 from lanes_pipeline.steps import asset_step
 
 
@@ -87,14 +87,12 @@ def day_symbols(
 ) -> MaterializeResult:
     settings = pipeline_settings.load()
     store = artifact_store.store()
-    entries = {e.name: e for e in settings.repos.repos}
     register = Memo(store, "tests_register")
     chosen: dict[str, DayWork] = {}
     rows = []
-    for snapshot in load_snapshots(store, context.partition_key):
+    for snapshot, location in located_snapshots(store, context.partition_key, settings):
         if snapshot.commit is None:
             continue
-        location = repo_location(settings, entries[snapshot.repo])
         selection = select_day(register, snapshot, location, settings.pipeline.cpu_assets.backlog_per_day)
         work = chosen[snapshot.repo] = selection.chosen
         rows.append(

@@ -12,8 +12,9 @@ from pathlib import Path
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.jobs.backlog import DayWork, day_work
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
+from lanes_pipeline.daily.artifacts import read_partition
 from lanes_pipeline.repos.scan import SymbolsAt, symbols_at
-from lanes_pipeline.repos.snapshot import Snapshot, is_test_path
+from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.store import ArtifactStore
 
@@ -44,7 +45,7 @@ def code_symbols_at(snapshot: Snapshot, repo: Path) -> SymbolsAt:
     """The symbols of the snapshot's Python files that are not tests."""
     if snapshot.commit is None:
         raise ValueError(f"{snapshot.repo} has no commit on {snapshot.day}: no symbols to select")
-    paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
+    paths = snapshot.code_paths()
     return symbols_at(repo, snapshot.commit, paths)
 
 
@@ -72,12 +73,9 @@ def select_day(register: Memo, snapshot: Snapshot, repo: Path, backlog_per_day: 
 
 def load_day_selection(store: ArtifactStore, day: str, snapshot: Snapshot, repo: Path) -> DaySelection:
     """day_symbols' choice for the snapshot's repository, with its symbols at the day's commit."""
-    where = store.folder(DAY_SYMBOLS, day) / SELECTION_FILE
-    if not where.is_file():
-        raise FileNotFoundError(f"{DAY_SYMBOLS} has no partition {day} ({where}): materialize it first")
-    chosen = store.read_json(DAY_SYMBOLS, day, SELECTION_FILE)
+    shape, what = dict[str, DayWork], "the day's chosen symbols"
+    chosen = read_partition(store, DAY_SYMBOLS, day, SELECTION_FILE, shape, what)
     if snapshot.repo not in chosen:
+        where = store.folder(DAY_SYMBOLS, day) / SELECTION_FILE
         raise KeyError(f"{where}: no symbols chosen for {snapshot.repo} (materialize {DAY_SYMBOLS} again)")
-    return DaySelection(
-        today=code_symbols_at(snapshot, repo), chosen=DayWork.model_validate(chosen[snapshot.repo])
-    )
+    return DaySelection(today=code_symbols_at(snapshot, repo), chosen=chosen[snapshot.repo])

@@ -52,7 +52,7 @@ from lanes_pipeline.cpu_lane.jobs.oracle_tests import VerifyPlace
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import DEFAULT_TEMPERATURE, TargetTally, sample_id
 from lanes_pipeline.git import git
 from lanes_pipeline.repos.scan import symbols_at
-from lanes_pipeline.repos.snapshot import Snapshot, is_test_path
+from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import (
     SANDBOX_INIT,
@@ -337,7 +337,7 @@ class DocsDay:
         """Docstrings for `symbol_ids` (generated_tests' symbols of the day, in its order)."""
         if snapshot.commit is None:
             return [], None
-        paths = {f.path for f in snapshot.files if f.language == "python" and not is_test_path(f.path)}
+        paths = snapshot.code_paths()
         today = symbols_at(repo, snapshot.commit, paths)
         by_id = today.by_id()
         targets = [by_id[i] for i in dict.fromkeys(symbol_ids) if i in by_id]
