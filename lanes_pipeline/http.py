@@ -2,6 +2,7 @@
 
 llama-server / ik_llama.cpp and vLLM both answer `/v1/chat/completions`; each lane's own client
 (`cpu_lane/batching/client.py`, `gpu_lane/client.py`) builds on `OpenAIClient` for what only its server has.
+Both also answer `/v1/completions` (a plain text continuation: the code-completion figure asks it).
 
 `OpenAIClient.request` retries what a second try can fix (transport errors, timeouts, 408, 429, 5xx) with
 exponential backoff and jitter, honouring a 429/503's `Retry-After`; it never retries another 4xx. Each
@@ -109,6 +110,40 @@ class ChatResponse(WireModel):
         return self.choices[0].message.content or "" if self.choices else ""
 
 
+class CompletionRequest(BaseModel):
+    """A plain text continuation (`/v1/completions`): what an editor sends for code completion, the file's
+    text before the cursor as `prompt` (no chat template)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    prompt: str
+    max_tokens: int = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    seed: int | None = 0
+    stop: list[str] | None = None
+
+    def payload(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class CompletionChoice(WireModel):
+    index: int = 0
+    text: str = ""
+    finish_reason: str | None = None
+
+
+class CompletionResponse(WireModel):
+    id: str = ""
+    model: str = ""
+    choices: list[CompletionChoice]
+    usage: Usage = Usage()
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text if self.choices else ""
+
+
 class ModelCard(WireModel):
     id: str
     root: str | None = None
@@ -166,6 +201,7 @@ class ClientStats:
 
 
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 
 
 @dataclass(frozen=True)
@@ -306,3 +342,8 @@ class OpenAIClient:
         sent = self.send("POST", CHAT_PATH, json=request.payload())
         response = ChatResponse.model_validate(self.expect_ok(sent.response).json())
         return ChatOutcome(response, sent.attempts, sent.latency_s)
+
+    def completion(self, request: CompletionRequest) -> CompletionResponse:
+        """A text continuation, with the same retries and typed errors as `chat`."""
+        sent = self.send("POST", COMPLETIONS_PATH, json=request.payload())
+        return CompletionResponse.model_validate(self.expect_ok(sent.response).json())

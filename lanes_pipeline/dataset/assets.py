@@ -1,8 +1,9 @@
 """The dataset's daily assets, between the lanes.
 
 `held_out_tasks`: each repository's split of the day (holdout_rules.py, held_out_tasks.py): the held-out
-symbols, the held-out functions with passing tests that become the GPU lane's repository tasks, and the
-functions new or changed that day to teach ("write the body").
+symbols, the held-out functions with passing tests that become the GPU lane's repository tasks, the code
+completion points cut in every held-out function (completion_points.py), and the functions new or changed
+that day to teach ("write the body").
 
 `lora_dataset`: the CPU lane's accepted work (`accepted_work`) and the day's functions to teach, routed by
 the split (rows about held-out symbols to eval only, their bodies masked out of training code), scrubbed of
@@ -28,6 +29,7 @@ from lanes_pipeline.dataset.held_out_tasks import (
     SPLITS_FILE,
     HeldOutDay,
     RepoHoldOut,
+    completion_of_repo,
     held_out_of_repo,
     load_splits,
 )
@@ -86,7 +88,8 @@ def skipped_of(splits: dict[str, RepoHoldOut]) -> dict[str, str]:
     # Its own day before: whether anything was taught yet (taught_before) is read from the earlier days.
     deps=[REPO_SNAPSHOT, ACCEPTED_WORK_KEY, AssetDep(HELD_OUT_TASKS_KEY, partition_mapping=previous_day())],
     description="The day's held-out symbols, the held-out functions with passing tests (the GPU lane's "
-    "repository tasks) and the new or changed functions to teach.",
+    "repository tasks), the completion points cut in the held-out functions and the new or changed "
+    "functions to teach.",
 )
 @asset_step
 def held_out_tasks(
@@ -125,12 +128,19 @@ def held_out_tasks(
                 f"{snapshot.repo}: {symbol_id} skipped (the day goes on without it): {reason}"
             )
         tasks.functions.extend(split.functions)
+        points, sources = completion_of_repo(snapshot.repo, location, snapshot.commit, split.held)
+        tasks.completion_points.extend(points)
+        if sources:
+            tasks.sources[snapshot.repo] = sources
         if split.problem is not None:
             context.log.warning(f"{snapshot.repo}: no held-out task, nothing taught today: {split.problem}")
         context.log.info(
             f"{snapshot.repo}: {len(split.held)} held-out symbol(s), {len(split.functions)} with passing "
-            f"tests; {len(split.taught)} new or changed function(s) to write the body of"
+            f"tests; {len(split.taught)} new or changed function(s) to write the body of; {len(points)} "
+            "completion point(s)"
         )
+    # A fixed order whatever order the repositories come in: by repository, function id, then line.
+    tasks.completion_points.sort(key=lambda p: (p.repo, p.symbol, p.line))
     content_hash = write_partition(
         store,
         HELD_OUT_TASKS,
@@ -145,6 +155,7 @@ def held_out_tasks(
             "held_out_percent": percent,
             "held_out_symbols": sum(len(v.held) for v in splits.values()),
             "held_out_tasks": len(tasks.functions),
+            "completion_points": len(tasks.completion_points),
             "functions_to_teach": sum(len(v.taught) for v in splits.values()),
             "first_day": first,
             "skipped_symbols": sum(len(v.skipped) for v in splits.values()),

@@ -87,3 +87,25 @@ def features() -> Any:
 
     message = {"role": Value("string"), "content": Value("string")}
     return Features({"messages": List(message), "task": Value("string"), "content_hash": Value("string")})
+
+
+# The code-completion prompt lives in the contract, not beside the evaluation: the training rows of a later
+# issue must continue files in exactly this format, so what the adapter learns is what it is judged on.
+def completion_prompt(path: str, prefix: str, context_chars: int) -> str:
+    """What an editor sends for a continuation: a first line `# {path}`, then the file's text before the
+    cut (`prefix`, which ends at a line boundary), cut from the left at a line boundary to at most
+    `context_chars` characters, so the model always sees whole lines and the one to write comes next."""
+    if context_chars < 0:
+        raise ValueError(f"completion prompt for {path}: context_chars must be >= 0, got {context_chars}")
+    if prefix and not prefix.endswith("\n"):
+        raise ValueError(
+            f"completion prompt for {path}: the text before the cut must end with a newline (a cut at a "
+            f"line boundary), got one ending {prefix[-40:]!r}"
+        )
+    lines = [f"{line}\n" for line in prefix.split("\n")[:-1]]  # a line boundary is a newline, nothing else
+    kept, size = 0, 0
+    for line in reversed(lines):
+        if size + len(line) > context_chars:
+            break
+        kept, size = kept + 1, size + len(line)
+    return f"# {path}\n" + "".join(lines[len(lines) - kept :])

@@ -5,6 +5,9 @@ the repository's own tests that call it, and the CPU lane's accepted tests for i
 passes on the real code at the day's commit: they all run once here, in one sandboxed pytest run per
 repository, and those that do not pass are left out (a task with no test left is no task).
 
+Every held-out top-level function, with tests or without, is also cut into code completion points
+(completion_points.py), read from git at the day's commit beside the texts of their files.
+
 The same run vouches for the day's functions to teach: a function new or changed that day becomes a "write
 the body" row unless a repository test that calls it fails at that commit (broken code is not taught).
 """
@@ -17,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.daily.artifacts import read_partition
+from lanes_pipeline.dataset.completion_points import CompletionPoint, day_points
 from lanes_pipeline.dataset.holdout_rules import (
     HeldOutFunction,
     calling_tests,
@@ -25,6 +29,7 @@ from lanes_pipeline.dataset.holdout_rules import (
     is_held_out,
     leaked,
 )
+from lanes_pipeline.git import ls_tree, read_blobs
 from lanes_pipeline.repos.scan import function_stub, symbols_at
 from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
@@ -46,6 +51,12 @@ class HeldOutDay(BaseModel):
     # looks for these in the training split.
     bodies: dict[str, dict[str, str]] = {}
     functions: list[HeldOutFunction] = []
+    # Code completion (completion_points.py): points cut in every held-out top-level function, with or
+    # without tests, by repository then id; and repo -> path -> the file's text at the day's commit, for the
+    # files that hold a point (a prompt is the text before its cut). A day written before these existed
+    # loads with none.
+    completion_points: list[CompletionPoint] = []
+    sources: dict[str, dict[str, str]] = {}
 
 
 def load_held_out(store: ArtifactStore, day: str) -> HeldOutDay:
@@ -214,3 +225,22 @@ def held_out_of_repo(
         s for s in today.symbols if s.id in fresh and all(outcomes.get(t) == "passed" for t in fresh[s.id])
     ]
     return RepoHoldOut(held=held, functions=_keep_passing(functions, outcomes), taught=taught, **skipped)
+
+
+def completion_of_repo(
+    repo: str, location: Path, commit: str, held: Sequence[Symbol]
+) -> tuple[list[CompletionPoint], dict[str, str]]:
+    """The repository's completion points at `commit` (each held-out top-level function cut, with or without
+    tests) and the texts of the files that hold one, read from git (no checkout)."""
+    paths = {s.path for s in held if s.kind == "function"}
+    if not paths:
+        return [], {}
+    entries = [e for e in ls_tree(location, commit) if e.path in paths]
+    blobs = read_blobs(location, [e.blob for e in entries])
+    sources = {}
+    for entry in entries:
+        try:
+            sources[entry.path] = blobs[entry.blob].decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # symbols_at left it out too: no symbol of it is held
+    return day_points(repo, held, sources)

@@ -80,7 +80,7 @@ def test_a_restated_default_is_found_also_in_a_nested_section() -> None:
 
 
 # Same name, same default, a different setting: a request's sampling seed is not the trainer's seed.
-NOT_A_CONFIG_SETTING = {("BatchRequest", "seed"), ("ChatRequest", "seed")}
+NOT_A_CONFIG_SETTING = {("BatchRequest", "seed"), ("ChatRequest", "seed"), ("CompletionRequest", "seed")}
 
 
 def defaults_of(cls: type) -> Iterator[tuple[str, Any]]:
