@@ -1,4 +1,4 @@
-"""Pure pieces of training and evaluation: packing, batching, schedule, window, promotion rule. Fast."""
+"""Pure pieces of training and evaluation: packing, batching, schedule, window, eval sample. Fast."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.dataset.contract import DatasetContractError, check_row, make_row
+from lanes_pipeline.dataset.contract import TASKS, DatasetContractError, Task, check_row, make_row
 from lanes_pipeline.dataset.window import (
     dedupe,
     fingerprint,
@@ -17,8 +17,19 @@ from lanes_pipeline.dataset.window import (
     window_dirs,
 )
 from lanes_pipeline.dataset.writer import save_rows
-from lanes_pipeline.gpu_lane.training.data import IGNORE, Example, batches, collate, label_tokens, pack
+from lanes_pipeline.gpu_lane.training.data import (
+    IGNORE,
+    DatedRow,
+    Example,
+    batches,
+    collate,
+    dated_rows,
+    eval_sample,
+    label_tokens,
+    pack,
+)
 from lanes_pipeline.gpu_lane.training.loop import linear_schedule, total_steps
+from lanes_pipeline.gpu_lane.training.spec import EvalReport
 from lanes_pipeline.settings import TrainingConfig
 
 
@@ -112,3 +123,88 @@ def test_window_reads_saved_days_from_the_artifact_store(tmp_path: Path) -> None
     assert [r["content_hash"] for r in train] == [rows[0]["content_hash"], rows[1]["content_hash"]]
     assert fingerprint(dirs) == fingerprint(dirs)
     assert fingerprint(dirs) != fingerprint(dirs[:1])
+
+
+def held_out(day: int, task: Task, count: int) -> list[dict[str, object]]:
+    return [
+        make_row(
+            [{"role": "user", "content": f"{task} {day} {i}"}, {"role": "assistant", "content": "a"}], task
+        )
+        for i in range(count)
+    ]
+
+
+def kinds_and_days(sample: list[dict[str, object]], window: list[DatedRow]) -> set[tuple[object, int]]:
+    day_of = {dated.row["content_hash"]: dated.day for dated in window}
+    return {(row["task"], day_of[row["content_hash"]]) for row in sample}
+
+
+def test_a_held_out_row_belongs_to_the_latest_day_that_has_it() -> None:
+    old, again = held_out(0, "explain", 2), held_out(0, "explain", 1)
+    window = dated_rows([old, again + held_out(1, "write_body", 1)])
+    assert [(d.day, d.row["task"]) for d in window] == [(0, "explain"), (1, "explain"), (1, "write_body")]
+    assert window[1].row == again[0]
+
+
+def test_a_small_window_is_evaluated_whole_in_its_order() -> None:
+    window = dated_rows([held_out(0, "explain", 3), held_out(1, "write_body", 2)])
+    assert eval_sample(window, 5) == [dated.row for dated in window]
+    assert eval_sample(window, 64) == [dated.row for dated in window]
+
+
+def test_the_eval_sample_holds_every_kind_and_day_the_newest_day_included() -> None:
+    # 5 days of 20 templated explanations, 2 function bodies on the oldest day only, 3 tests on the newest:
+    # the first 16 rows (the old rule) were all explanations of the oldest day.
+    days = [held_out(day, "explain", 20) for day in range(5)]
+    days[0] += held_out(0, "write_body", 2)
+    days[4] += held_out(4, "write_tests", 3)
+    window = dated_rows(days)
+    sample = eval_sample(window, 16)
+    assert len(sample) == 16
+    groups = kinds_and_days(sample, window)
+    assert groups == {("explain", d) for d in range(5)} | {("write_body", 0), ("write_tests", 4)}
+    by_group = {g: sum(1 for r in sample if kinds_and_days([r], window) == {g}) for g in groups}
+    # Small groups are taken whole; the rest is shared evenly among the explanations.
+    assert by_group[("write_body", 0)] == 2 and by_group[("write_tests", 4)] == 3
+    assert sorted(by_group[("explain", d)] for d in range(5)) == [2, 2, 2, 2, 3]
+    # The rows keep the window's order.
+    order = [dated.row["content_hash"] for dated in window]
+    assert [order.index(r["content_hash"]) for r in sample] == sorted(
+        order.index(r["content_hash"]) for r in sample
+    )
+
+
+def test_the_eval_sample_is_deterministic_whatever_the_rows_order() -> None:
+    days = [held_out(day, task, 7) for day in range(3) for task in TASKS[:2]]
+    days = [days[0] + days[1], days[2] + days[3], days[4] + days[5]]
+    first = eval_sample(dated_rows(days), 10)
+    assert eval_sample(dated_rows(days), 10) == first
+    shuffled = [random.Random(seed).sample(rows, len(rows)) for seed, rows in enumerate(days)]
+    assert {r["content_hash"] for r in eval_sample(dated_rows(shuffled), 10)} == {
+        r["content_hash"] for r in first
+    }
+    # Within each (kind, day) group, the rows with the smallest content_hashes.
+    window = dated_rows(days)
+    for group in kinds_and_days(first, window):
+        hashes = sorted(d.row["content_hash"] for d in window if (d.row["task"], d.day) == group)
+        chosen = sorted(r["content_hash"] for r in first if kinds_and_days([r], window) == {group})
+        assert chosen == hashes[: len(chosen)]
+
+
+def test_with_more_groups_than_samples_the_newest_day_and_every_kind_come_first() -> None:
+    # 10 days x 2 kinds = 20 groups for 6 samples; "refactor_diff" only on the oldest day.
+    days = [held_out(day, "explain", 3) + held_out(day, "write_body", 3) for day in range(10)]
+    days[0] += held_out(0, "refactor_diff", 1)
+    window = dated_rows(days)
+    sample = eval_sample(window, 6)
+    groups = kinds_and_days(sample, window)
+    assert len(sample) == 6
+    assert {("explain", 9), ("write_body", 9), ("refactor_diff", 0)} <= groups
+    assert {task for task, _ in groups} == {"explain", "write_body", "refactor_diff"}
+    assert {("explain", 8), ("write_body", 8)} <= groups  # then the next-newest day
+
+
+def test_an_eval_report_from_before_the_losses_by_kind_still_reads() -> None:
+    old = {"results": [{"model": "base", "loss": 0.8, "tokens": 70, "samples": 5}], "samples": 5, "rows": 5}
+    report = EvalReport.model_validate(old)
+    assert report.results[0].by_kind == {} and report.samples_by_kind == {} and report.scorable_rows is None

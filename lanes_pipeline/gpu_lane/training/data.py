@@ -166,3 +166,60 @@ def collate(batch: Sequence[Example], pad_id: int, packed: bool) -> Collated:
         mask.append([1] * len(e) + [0] * gap)
     real = sum(len(e) for e in batch)
     return Collated(ids, labels, positions, None if packed else mask, real)
+
+
+@dataclass(frozen=True)
+class DatedRow:
+    day: int  # the index of the row's (latest) day in the window, oldest first
+    row: dict[str, Any]
+
+
+def dated_rows(rows_by_day: Sequence[Sequence[dict[str, Any]]]) -> list[DatedRow]:
+    """The window's rows (one list per day, oldest first), each content_hash once with the latest day that
+    has it, in the window's order (as dataset.window.dedupe): the day is what the eval sample stratifies
+    on, and a row held out again today counts as today's."""
+    latest: dict[str, DatedRow] = {}
+    for day, rows in enumerate(rows_by_day):
+        for row in rows:
+            latest.pop(row["content_hash"], None)  # re-insert: dict order follows the latest day
+            latest[row["content_hash"]] = DatedRow(day, row)
+    return list(latest.values())
+
+
+def eval_sample(rows: Sequence[DatedRow], max_samples: int) -> list[dict[str, Any]]:
+    """The held-out rows the eval loss is measured on: all of them when there are at most `max_samples`,
+    else a stratified sample of exactly `max_samples`. Pure and deterministic.
+
+    Taking the first rows (oldest day first) left out the newest day, the one the candidate adapter was
+    trained for, as soon as the window held more than `max_samples`, and let the most frequent kind
+    (templated explanations) dominate the number. Instead the rows are grouped by (task kind, day) and the
+    samples dealt out one per group per round (so a small group is taken whole and the rest shared evenly
+    among the larger ones). The groups are dealt in the order: each kind's newest day, newest first (the
+    newest day's kinds lead, then each kind missing from it), then each kind's next-newest day, and so on;
+    so the newest day and every kind are in the sample even when there are more groups than samples, and
+    every group is when there are not. Within a group the rows go by content_hash (a hash of the row: a
+    stable order that favours no source or position). The rows come back in the window's order."""
+    if len(rows) <= max_samples:
+        return [dated.row for dated in rows]
+    groups: dict[tuple[str, int], list[str]] = {}
+    for dated in rows:
+        groups.setdefault((dated.row["task"], dated.day), []).append(dated.row["content_hash"])
+    days_of_kind: dict[str, list[int]] = {}
+    for task, day in groups:
+        days_of_kind.setdefault(task, []).append(day)
+
+    def deal_order(group: tuple[str, int]) -> tuple[int, int, str]:
+        task, day = group
+        newer = sum(1 for other in days_of_kind[task] if other > day)
+        return newer, -day, task
+
+    order = sorted(groups, key=deal_order)
+    taken = dict.fromkeys(order, 0)
+    left = max_samples
+    while left:  # ends: there are more rows than max_samples
+        for group in order:
+            if left and taken[group] < len(groups[group]):
+                taken[group] += 1
+                left -= 1
+    chosen = {digest for group in order for digest in sorted(groups[group])[: taken[group]]}
+    return [dated.row for dated in rows if dated.row["content_hash"] in chosen]

@@ -57,10 +57,24 @@ class TrainSummary(BaseModel):
 
 
 class EvalResult(BaseModel):
+    """One model's loss on the held-out sample: overall (what promotion compares) and by task kind, since
+    one number mixes templated explanations with function bodies. The by-kind fields default to empty so
+    that reports written before they existed still validate."""
+
     model: str
-    loss: float
-    tokens: int
+    loss: float = Field(description="mean loss per assistant token over all scored rows")
+    tokens: int = Field(description="assistant tokens scored")
     samples: int
+    by_kind: dict[str, float] = Field(
+        default_factory=dict, description="task kind -> mean loss per assistant token over its rows"
+    )
+    tokens_by_kind: dict[str, int] = Field(
+        default_factory=dict, description="task kind -> its assistant tokens (the weights of `by_kind`)"
+    )
+    samples_by_kind: dict[str, int] = Field(default_factory=dict, description="task kind -> rows scored")
+    row_losses: dict[str, float] = Field(
+        default_factory=dict, description="row content_hash -> its mean loss per assistant token"
+    )
 
 
 class EvalReport(BaseModel):
@@ -68,5 +82,13 @@ class EvalReport(BaseModel):
     with assistant tokens (then `samples` is 0 and the caller decides; it is not a crash)."""
 
     results: list[EvalResult]
-    samples: int = Field(description="held-out rows scored (with assistant tokens, under max_seq_len)")
-    rows: int = Field(description="held-out rows read, up to training.eval_max_samples")
+    samples: int = Field(
+        description="held-out rows scored: the scorable ones, or their stratified sample of eval_max_samples"
+    )
+    rows: int = Field(description="held-out rows in the window (each content_hash once)")
+    samples_by_kind: dict[str, int] = Field(default_factory=dict, description="task kind -> rows scored")
+    scorable_rows: int | None = Field(
+        None,
+        description="held-out rows with assistant tokens under max_seq_len, the sample's population "
+        "(None: a report from before it was recorded)",
+    )

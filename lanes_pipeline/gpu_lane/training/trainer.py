@@ -13,13 +13,14 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from lanes_pipeline.dataset.window import load_split
-from lanes_pipeline.gpu_lane.training.data import collate, encode_chat
+from lanes_pipeline.gpu_lane.training.data import collate, dated_rows, encode_chat, eval_sample
 from lanes_pipeline.gpu_lane.training.loop import train_loop
 from lanes_pipeline.gpu_lane.training.model import (
     encode_rows,
@@ -199,7 +200,8 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def evaluate(spec: EvalSpec, progress: Progress) -> EvalReport:
-    """Mean loss on assistant tokens of the held-out split, for the base model and each adapter. A split
+    """Mean loss on assistant tokens of the held-out split (all of it, or a sample stratified by task kind
+    and day: data.eval_sample), for the base model and each adapter, overall and by task kind. A split
     without a row to score reports no results (the caller decides what that means for the day)."""
     import torch
     from peft import PeftModel
@@ -209,10 +211,21 @@ def evaluate(spec: EvalSpec, progress: Progress) -> EvalReport:
     seed_everything(training.seed)
     device, dtype = pick_device(training.device)
     tokenizer = load_tokenizer(spec.base_model_dir)
-    rows = load_split(spec.dataset_dirs, spec.split)[: training.eval_max_samples]
-    examples, _dropped = encode_rows(tokenizer, rows, training.max_seq_len)
+    window = dated_rows([load_split([folder], spec.split) for folder in spec.dataset_dirs])
+    # Sampled among the rows that can be scored (tokenizing is cheap next to the forward passes), so that
+    # a row whose answer lies past max_seq_len cannot take a kind's place in the sample.
+    encoded = {
+        dated.row["content_hash"]: encode_chat(tokenizer, dated.row["messages"], training.max_seq_len)
+        for dated in window
+    }
+    scorable = [dated for dated in window if encoded[dated.row["content_hash"]] is not None]
+    examples = [
+        (row["task"], row["content_hash"], encoded[row["content_hash"]])
+        for row in eval_sample(scorable, training.eval_max_samples)
+    ]
+    samples_by_kind = dict(sorted(Counter(task for task, _, _ in examples).items()))
     if not examples:
-        report = EvalReport(results=[], samples=0, rows=len(rows))
+        report = EvalReport(results=[], samples=0, rows=len(window), scorable_rows=0)
         progress.event("eval", **report.model_dump())
         return report
     base = AutoModelForCausalLM.from_pretrained(spec.base_model_dir, dtype=dtype).to(device)
@@ -226,15 +239,30 @@ def evaluate(spec: EvalSpec, progress: Progress) -> EvalReport:
     model.eval()
 
     def score(name: str) -> EvalResult:
-        total, count = 0.0, 0
+        # Summed loss and assistant tokens per kind: each kind's mean and the overall one weigh every
+        # assistant token alike, so the by-kind losses weighted by their tokens give the overall loss.
+        total: dict[str, float] = dict.fromkeys(samples_by_kind, 0.0)
+        count: dict[str, int] = dict.fromkeys(samples_by_kind, 0)
+        per_row: dict[str, float] = {}  # the pairs of a paired test between models
         with torch.no_grad():
-            for example in examples:
+            for task, row_hash, example in examples:
                 batch = collate([example], tokenizer.pad_token_id, packed=False)
                 items = shifted_label_count(batch)
                 output = model(**tensors(batch, device), num_items_in_batch=items)
-                total += float(output.loss) * items
-                count += items
-        return EvalResult(model=name, loss=round(total / count, 5), tokens=count, samples=len(examples))
+                total[task] += float(output.loss) * items
+                count[task] += items
+                per_row[row_hash] = round(float(output.loss), 5)
+        tokens = sum(count.values())
+        return EvalResult(
+            model=name,
+            loss=round(sum(total.values()) / tokens, 5),
+            tokens=tokens,
+            samples=len(examples),
+            by_kind={task: round(total[task] / max(1, count[task]), 5) for task in total},
+            tokens_by_kind=count,
+            samples_by_kind=samples_by_kind,
+            row_losses=per_row,
+        )
 
     results = []
     if model is base:
@@ -245,7 +273,13 @@ def evaluate(spec: EvalSpec, progress: Progress) -> EvalReport:
         for name in spec.adapters:
             model.set_adapter(name)
             results.append(score(name))
-    report = EvalReport(results=results, samples=len(examples), rows=len(rows))
+    report = EvalReport(
+        results=results,
+        samples=len(examples),
+        rows=len(window),
+        samples_by_kind=samples_by_kind,
+        scorable_rows=len(scorable),
+    )
     progress.event("eval", **report.model_dump())
     return report
 
