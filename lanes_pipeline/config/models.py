@@ -347,27 +347,41 @@ class LoraSettings(StrictModel):
         return value
 
 
-class ExecutedEvalConfig(StrictModel):
-    """How adapter_evaluation judges a candidate by running code: held-out repository tasks and HumanEval."""
+# The figures a promotion may be decided on (gpu_lane/promotion.py declares how each is scored).
+PrimaryFigure = Literal["completion_edit_similarity", "completion_exact_match", "repo_pass_rate", "eval_loss"]
 
+
+class GuardMargins(StrictModel):
+    """How far a guard's mean may fall below the base's or the current adapter's (in its own units: 0.02
+    is 2 points of a pass rate) before it blocks a promotion."""
+
+    repo_pass_rate: float = Field(0.05, ge=0, le=1, description="held-out repository tasks")
+    anchor_pass_rate: float = Field(0.02, ge=0, le=1, description="the anchor set of real packages")
+    humaneval_pass1: float = Field(0.02, ge=0, le=1, description="HumanEval, the forgetting guard")
+
+
+class ExecutedEvalConfig(StrictModel):
+    """How adapter_evaluation judges a candidate: paired tests on the same tasks."""
+
+    primary_figure: PrimaryFigure = Field(
+        "completion_edit_similarity",
+        description="the figure a candidate must be better on than the base and the current adapter",
+    )
+    alpha: float = Field(0.05, gt=0, lt=1, description="one-sided level of the primary figure's paired test")
+    margins: GuardMargins = GuardMargins()
     humaneval_problems: int | None = Field(
-        40,
+        None,
         ge=1,
         description="HumanEval problems per day, the same ones every day (chosen by hash); None: all 164",
     )
-    humaneval_tolerance: float = Field(
-        0.01, ge=0, le=1, description="how far the candidate's HumanEval pass@1 may fall below the base's"
-    )
-    repo_pass_tolerance: float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="how far repo_pass_rate may fall below the current adapter's (0: not at all)",
-    )
+    anchor_tasks: int | None = Field(160, ge=1, description="anchor tasks a day (the same ones, by hash)")
     max_tokens: int = Field(320, ge=16, description="tokens per answer (a function body or a test module)")
     max_repo_tasks: int | None = Field(
         None, ge=1, description="held-out repository tasks per day, the first by name; None: all"
     )
+    max_completion_points: int | None = Field(None, ge=1, description="points per day, the first by id")
+    completion_context_chars: int = Field(3000, ge=200, description="file text sent before a point's cut")
+    completion_max_tokens: int = Field(24, ge=4, description="tokens per completion (one line)")
     timeout_s: float = Field(20.0, gt=0, description="wall clock per executed program in the sandbox")
     workers: int = Field(4, ge=1, description="answers asked of vLLM at once")
 
@@ -396,9 +410,6 @@ class TrainingConfig(StrictModel):
     )
     warmup_steps: int = Field(0, ge=0)
     gradient_checkpointing: bool = Field(False, description="recompute activations: less memory")
-    eval_loss_margin: float = Field(
-        0.01, ge=0, lt=1, description="promote only if eval loss is this fraction below base and current"
-    )
     evaluation: ExecutedEvalConfig = ExecutedEvalConfig()
     eval_max_samples: int = Field(64, ge=1, description="held-out rows scored for eval loss")
     min_train_rows: int = Field(
@@ -407,7 +418,7 @@ class TrainingConfig(StrictModel):
     min_eval_rows: int = Field(
         2,
         ge=1,
-        description="fewer held-out rows than this: the eval loss is not judged, the executed figures decide",
+        description="fewer held-out rows than this: no eval loss that day (reported, never a primary figure)",
     )
     group_by_length: bool = Field(True, description="batch samples of similar length: less padding")
     device: Literal["auto", "cpu", "cuda"] = Field(

@@ -1,113 +1,191 @@
-"""Deciding whether a candidate adapter is promoted, from executed figures: eval loss on the rows of
-held-out symbols, `repo_pass_rate` (held-out repository tasks run in the sandbox) and HumanEval pass@1
-(the forgetting guard), each for the base model, the current adapter and the candidate. All pure: the
-figures are measured by `measurement.py`.
+"""Deciding whether a candidate adapter is promoted, by paired tests on the same tasks. Pure: the scores are
+measured by `measurement.py`; `paired.py` compares them.
 
-The rule (issue 12): promote only if
-- the candidate's eval loss is `loss_margin` below the base's and the current adapter's (when the day has
-  enough held-out rows to measure it; without them the candidate is judged on the executed figures alone),
-- its `repo_pass_rate` is no lower than the current adapter's (the base's while none is served),
-- its HumanEval pass@1 is no more than `humaneval_tolerance` below the base's.
-A figure that could not be measured blocks the promotion (except the eval loss, as above), with the reason.
+Each figure is a mean of per-task scores, and the three models judged (the base, the current adapter, the
+candidate) were scored on the same tasks, so the candidate is compared with each of the others task by
+task. The rule (`evaluation` in configs/training.yaml):
+- the pre-declared **primary figure** (default: the editor's figure, completion edit similarity) is better
+  than the base's and the current adapter's, each by a one-sided paired test at `alpha`;
+- no **guard** (the executed repository tasks, the anchor set, HumanEval) is worse than the base's or the
+  current adapter's by more than its non-inferiority margin (the observed mean drop, in the figure's
+  units). A guard with no tasks that day has nothing to lose and does not block; a primary figure with no
+  tasks blocks.
+Every comparison (n, wins, losses, ties, the difference with its interval, both p-values) is kept with
+the decision, and the asset check re-applies the rule to the recorded answers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import date
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, Field
 
-EPSILON = 1e-9  # rates are rounded to 4 places: equal means equal
+from lanes_pipeline.gpu_lane.judged import EDIT_SIMILARITY, EXACT_MATCH, PASSED, TaskAnswer
+from lanes_pipeline.gpu_lane.paired import (
+    TIE,
+    Kind,
+    PairedComparison,
+    compare,
+    mean_interval,
+    wilson_interval,
+)
+
+FigureName = Literal[
+    "completion_edit_similarity",
+    "completion_exact_match",
+    "repo_pass_rate",
+    "anchor_pass_rate",
+    "humaneval_pass1",
+    "eval_loss",
+]
+EVAL_ROWS = "eval_rows"  # the held-out rows' per-row losses: a "task set" of the eval-loss figure
+
+
+class FigureSpec(NamedTuple):
+    task_set: str
+    score: str
+    kind: Kind
+    higher_is_better: bool
+
+
+FIGURES: dict[str, FigureSpec] = {
+    "completion_edit_similarity": FigureSpec("completion", EDIT_SIMILARITY, "graded", True),
+    "completion_exact_match": FigureSpec("completion", EXACT_MATCH, "pass_fail", True),
+    "repo_pass_rate": FigureSpec("repo", PASSED, "pass_fail", True),
+    "anchor_pass_rate": FigureSpec("anchor", PASSED, "pass_fail", True),
+    "humaneval_pass1": FigureSpec("humaneval", PASSED, "pass_fail", True),
+    "eval_loss": FigureSpec(EVAL_ROWS, "loss", "graded", False),
+}
+GUARDS = ("repo_pass_rate", "anchor_pass_rate", "humaneval_pass1")
+
+# label -> figure -> task id -> score
+Scores = dict[str, dict[str, float]]
+
+
+def figure_scores(answers: Mapping[str, list[TaskAnswer]], row_losses: Mapping[str, float]) -> Scores:
+    """One model's per-task scores of every figure, from its answers per task set and its per-row eval
+    losses (a figure whose task set it was not asked is left out)."""
+    scores: Scores = {}
+    for name, spec in FIGURES.items():
+        if spec.task_set == EVAL_ROWS:
+            if row_losses:
+                scores[name] = dict(row_losses)
+            continue
+        given = answers.get(spec.task_set)
+        if given:
+            scores[name] = {a.task: a.scores[spec.score] for a in given if spec.score in a.scores}
+    return scores
 
 
 class Figures(BaseModel):
-    """One served model's figures on the day's tasks. None: not measured (the reason is elsewhere)."""
+    """One model's figures on the day's tasks, each the mean of its per-task scores. None: not measured."""
 
-    eval_loss: float | None = Field(None, description="mean loss on the held-out symbols' rows")
+    eval_loss: float | None = Field(None, description="mean loss per token on the held-out rows")
     repo_pass_rate: float | None = Field(None, description="share of held-out repository tasks passed")
+    anchor_pass_rate: float | None = Field(None, description="share of the anchor set's tasks passed")
     humaneval_pass1: float | None = Field(None, description="HumanEval pass@1, greedy")
+    completion_exact_match: float | None = Field(None, description="held-out next lines matched exactly")
+    completion_edit_similarity: float | None = Field(None, description="mean edit similarity of next lines")
+    eval_loss_by_kind: dict[str, float] = Field({}, description="task kind -> eval loss on its rows")
+    intervals: dict[str, tuple[float, float]] = Field({}, description="figure -> 95% interval")
+    tasks: dict[str, int] = Field({}, description="figure -> the number of tasks it is the mean of")
+
+
+def figures_of(scores: Mapping[str, Mapping[str, float]], eval_loss: float | None = None) -> Figures:
+    """Means, intervals (Wilson for pass rates, bootstrap for graded scores) and sizes of each figure.
+    `eval_loss`: the token-weighted loss, which the per-row mean would misstate."""
+    values: dict[str, float] = {}
+    intervals: dict[str, tuple[float, float]] = {}
+    sizes: dict[str, int] = {}
+    for name, per_task in scores.items():
+        if not per_task:
+            continue
+        spec, numbers = FIGURES[name], list(per_task.values())
+        values[name] = round(sum(numbers) / len(numbers), 4)
+        sizes[name] = len(numbers)
+        if spec.kind == "pass_fail":
+            intervals[name] = wilson_interval(round(sum(numbers)), len(numbers))
+        else:
+            intervals[name] = mean_interval(numbers)
+    if eval_loss is not None:
+        values["eval_loss"] = eval_loss
+    return Figures.model_validate({**values, "intervals": intervals, "tasks": sizes})
 
 
 class Decision(BaseModel):
     promote: bool
     reasons: list[str]
+    primary: str | None = Field(None, description="the figure the promotion needed to be better on")
+    comparisons: list[PairedComparison] = []
+
+    def primary_p_value(self) -> float | None:
+        """The largest p-value of the primary figure's comparisons (the one that must be below alpha)."""
+        ps = [c.p_better for c in self.comparisons if c.figure == self.primary and c.n]
+        return max(ps) if ps else None
 
 
-def _loss_reasons(
-    candidate: Figures, others: dict[str, Figures], loss_margin: float, unjudged: str | None
-) -> tuple[bool, list[str]]:
-    if candidate.eval_loss is None or unjudged is not None:
-        why = unjudged or "the eval loss was not measured"
-        return True, [f"eval loss not judged ({why}): judged on the executed figures alone"]
-    ok, reasons = True, []
-    for label, other in others.items():
-        if other.eval_loss is None:
-            continue
-        limit = other.eval_loss * (1 - loss_margin)
-        if candidate.eval_loss <= limit:
-            reasons.append(
-                f"eval loss {candidate.eval_loss:.4f} <= {limit:.4f} "
-                f"({label} {other.eval_loss:.4f} - {loss_margin:.1%})"
-            )
-        else:
-            ok = False
-            reasons.append(
-                f"eval loss {candidate.eval_loss:.4f} is not {loss_margin:.1%} below the {label}'s "
-                f"{other.eval_loss:.4f}"
-            )
-    return ok, reasons
+def _describe(c: PairedComparison) -> str:
+    return (
+        f"{c.figure} vs {c.against}: {c.candidate:.4f} vs {c.reference:.4f} on {c.n} paired task(s) "
+        f"({c.wins} won, {c.losses} lost, {c.ties} tied; difference {c.difference:+.4f}, "
+        f"95% interval [{c.interval[0]:+.4f}, {c.interval[1]:+.4f}])"
+    )
 
 
-def promotion_decision(
-    candidate: Figures,
-    base: Figures,
-    current: Figures | None,
-    loss_margin: float,
-    humaneval_tolerance: float,
-    unjudged_loss: str | None = None,
-    repo_tolerance: float = 0.0,
+def _primary_reason(c: PairedComparison, alpha: float) -> tuple[bool, str]:
+    if c.n == 0:
+        return False, f"{c.figure} vs {c.against}: not measured (no paired tasks): not promoted"
+    better = c.p_better < alpha
+    verdict = "better" if better else "not shown better"
+    return better, f"{_describe(c)}: {verdict}, one-sided {c.test} p = {c.p_better:.4g} (alpha {alpha:g})"
+
+
+def _guard_reason(c: PairedComparison, margin: float, higher_is_better: bool) -> tuple[bool, str]:
+    if c.n == 0:
+        return True, f"{c.figure} vs {c.against}: no tasks today, nothing to lose"
+    drop = -c.difference if higher_is_better else c.difference
+    held = drop <= margin + TIE
+    verdict = "within" if held else "worse beyond"
+    return held, f"{_describe(c)}: {verdict} its margin {margin:g} (p worse = {c.p_worse:.4g})"
+
+
+def paired_decision(
+    scores: Mapping[str, Scores], primary: str, alpha: float, margins: Mapping[str, float]
 ) -> Decision:
-    others = {"base": base} | ({"current adapter": current} if current is not None else {})
-    ok, reasons = _loss_reasons(candidate, others, loss_margin, unjudged_loss)
-
-    reference_label, reference = ("current adapter", current) if current is not None else ("base", base)
-    if candidate.repo_pass_rate is None or reference.repo_pass_rate is None:
-        ok = False
-        reasons.append("repo_pass_rate was not measured (no held-out repository tasks): not promoted")
-    elif candidate.repo_pass_rate + EPSILON >= reference.repo_pass_rate - repo_tolerance:
-        reasons.append(
-            f"repo_pass_rate {candidate.repo_pass_rate:.2%} >= the {reference_label}'s "
-            f"{reference.repo_pass_rate:.2%}" + (f" - {repo_tolerance:.0%}" if repo_tolerance else "")
-        )
-    else:
-        ok = False
-        reasons.append(
-            f"repo_pass_rate {candidate.repo_pass_rate:.2%} is below the {reference_label}'s "
-            f"{reference.repo_pass_rate:.2%}"
-        )
-
-    if candidate.humaneval_pass1 is None or base.humaneval_pass1 is None:
-        ok = False
-        reasons.append("HumanEval pass@1 was not measured: not promoted")
-    else:
-        floor = base.humaneval_pass1 - humaneval_tolerance
-        if candidate.humaneval_pass1 + EPSILON >= floor:
-            reasons.append(
-                f"HumanEval pass@1 {candidate.humaneval_pass1:.2%} >= {floor:.2%} "
-                f"(base {base.humaneval_pass1:.2%} - {humaneval_tolerance:.0%})"
+    """The rule (see the module's notes) on per-task scores by label: "candidate", "base" and, once an
+    adapter is served, "current"."""
+    if primary not in FIGURES:
+        raise ValueError(f"evaluation.primary_figure {primary!r} is not one of {sorted(FIGURES)}")
+    references = [label for label in ("base", "current") if label in scores]
+    candidate = scores["candidate"]
+    ok, reasons, comparisons = True, [], []
+    for figure in [primary, *(g for g in GUARDS if g != primary)]:
+        spec = FIGURES[figure]
+        for against in references:
+            c = compare(
+                figure,
+                against,
+                candidate.get(figure, {}),
+                scores[against].get(figure, {}),
+                spec.kind,
+                spec.higher_is_better,
             )
-        else:
-            ok = False
-            reasons.append(
-                f"HumanEval pass@1 {candidate.humaneval_pass1:.2%} is more than {humaneval_tolerance:.0%} "
-                f"below the base's {base.humaneval_pass1:.2%}"
-            )
-    return Decision(promote=ok, reasons=reasons)
+            comparisons.append(c)
+            if figure == primary:
+                passed, reason = _primary_reason(c, alpha)
+            else:
+                passed, reason = _guard_reason(c, margins.get(figure, 0.0), spec.higher_is_better)
+            ok = ok and passed
+            reasons.append(reason)
+    return Decision(promote=ok, reasons=reasons, primary=primary, comparisons=comparisons)
 
 
 class LearningPoint(BaseModel):
-    """One day of the learning curve (artifacts/adapter_evaluation/<day>/learning.json): the base model
-    and what the stable alias serves after the day's decision, measured that day on the same tasks."""
+    """One day of the learning curve (artifacts/adapter_evaluation/<day>/learning.json): the base model,
+    the day's candidate and what the stable alias serves after the day's decision, measured that day on
+    the same tasks."""
 
     day: date
     served: str = Field(description="the version the alias serves after the day ('base': none yet)")
@@ -115,6 +193,9 @@ class LearningPoint(BaseModel):
     promoted: bool = False
     base: Figures = Figures()
     served_figures: Figures = Figures()
+    candidate_figures: Figures = Figures()
+    primary_figure: str | None = None
+    p_value: float | None = Field(None, description="the primary figure's largest one-sided p-value")
     note: str = Field("", description="no adapter today and why, or why the candidate was not judged")
 
 
@@ -142,5 +223,8 @@ def learning_point(
         promoted=promoted,
         base=base,
         served_figures=served_figures,
+        candidate_figures=figures.get("candidate", Figures()),
+        primary_figure=decision.primary if decision else None,
+        p_value=decision.primary_p_value() if decision else None,
         note=note,
     )
