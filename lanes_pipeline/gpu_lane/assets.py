@@ -44,23 +44,24 @@ from lanes_pipeline.gpu_lane.adapters import (
     next_version_name,
     supported_target_modules,
 )
+from lanes_pipeline.gpu_lane.anchor_set import anchor_subset, load_anchor_set
 from lanes_pipeline.gpu_lane.client import asleep
 from lanes_pipeline.gpu_lane.day_adapter import DayAdapter, day_outcome, failing_for_good, record_outcome
-from lanes_pipeline.gpu_lane.learning_report import LEARNING_FILE, learning_line, plot_metadata
-from lanes_pipeline.gpu_lane.measurement import (
-    ExecutedTasks,
-    Measured,
-    humaneval_problems,
-    measure,
-    measurement_inputs,
-    recorded,
+from lanes_pipeline.gpu_lane.evaluation_record import (
+    ANSWERS_FILE,
+    EVALUATION_FILE,
+    paired_table,
+    write_answers,
 )
-from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint, learning_point, promotion_decision
-from lanes_pipeline.gpu_lane.repo_tasks import day_tasks
+from lanes_pipeline.gpu_lane.judge_tasks import DayTasks
+from lanes_pipeline.gpu_lane.learning_report import LEARNING_FILE, learning_line, plot_metadata
+from lanes_pipeline.gpu_lane.measurement import Measured, humaneval_problems, measure, measurement_inputs
+from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint, learning_point, paired_decision
+from lanes_pipeline.gpu_lane.repo_tasks import day_tasks as repo_day_tasks
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, service_for
 from lanes_pipeline.gpu_lane.training.runner import run_training
 from lanes_pipeline.gpu_lane.training.spec import LOSS_CURVE, TrainSpec, TrainSummary
-from lanes_pipeline.settings import PipelineConfig, TrainingConfig, data_dir
+from lanes_pipeline.settings import Settings, TrainingConfig, data_dir
 from lanes_pipeline.steps import asset_step
 from lanes_pipeline.store import ArtifactStore
 
@@ -238,32 +239,33 @@ def _gpu_asleep(gpu_lane: GpuLaneResource) -> Any:
 
 
 def _decide(measured: Measured, config: TrainingConfig) -> Decision:
-    """The promotion rule on the measured figures (promotion.py)."""
-    figures = measured.figures
-    return promotion_decision(
-        figures["candidate"],
-        figures["base"],
-        figures.get("current"),
-        config.eval_loss_margin,
-        config.evaluation.humaneval_tolerance,
-        unjudged_loss=measured.unjudged,
-        repo_tolerance=config.evaluation.repo_pass_tolerance,
+    """The paired promotion rule on the measured scores (promotion.py)."""
+    evaluation = config.evaluation
+    return paired_decision(
+        measured.scores(), evaluation.primary_figure, evaluation.alpha, evaluation.margins.model_dump()
     )
 
 
-def executed_tasks(
-    store: ArtifactStore, day: date, config: TrainingConfig, pipeline: PipelineConfig
-) -> ExecutedTasks:
-    """The day's held-out repository tasks (held_out_tasks' held_out.json) and the HumanEval subset; the
+def day_tasks(store: ArtifactStore, day: date, config: TrainingConfig, settings: Settings) -> DayTasks:
+    """The day's task sets: the held-out repository tasks and completion points (held_out_tasks'
+    held_out.json), the anchor set (never from a repository the user configures) and HumanEval; the
     answers are asked in the dataset's chat format and run in the CPU lane's sandbox, one run each."""
+    evaluation = config.evaluation
     held = load_held_out(store, day.isoformat())
-    return ExecutedTasks(
-        functions=day_tasks(held, config.evaluation.max_repo_tasks),
+    limits = settings.pipeline.cpu_assets.sandbox.model_copy(
+        update={"timeout_s": evaluation.timeout_s, "runs": 1}
+    )
+    anchors = load_anchor_set(data_dir(), limits, exclude=[r.name for r in settings.repos.repos])
+    points = sorted(held.completion_points, key=lambda p: p.id)
+    return DayTasks(
+        repo=repo_day_tasks(held, evaluation.max_repo_tasks),
+        anchor=anchor_subset(anchors.functions, evaluation.anchor_tasks),
         problems=humaneval_problems(config),
-        system_prompt=pipeline.dataset.system_prompt,
-        limits=pipeline.cpu_assets.sandbox.model_copy(
-            update={"timeout_s": config.evaluation.timeout_s, "runs": 1}
-        ),
+        points=points[: evaluation.max_completion_points],
+        sources=held.sources,
+        system_prompt=settings.pipeline.dataset.system_prompt,
+        limits=limits,
+        not_tasks=anchors.not_tasks,
     )
 
 
@@ -278,18 +280,19 @@ def _record_learning(store: ArtifactStore, point: LearningPoint) -> dict[str, An
     group_name=GROUP,
     pool=POOL,
     retry_policy=LANE_RETRY,
-    # held_out_tasks(D): the repository tasks it judges on; lora_dataset: the held-out eval rows of the window
-    # (its mapping declared when the definitions load, as for lora_adapter). adapter_evaluation(D-1): the
-    # decision of the day before, whose adapter (if promoted) is the one to beat (current_version).
+    # held_out_tasks(D): the repository tasks and completion points it judges on; lora_dataset: the held-out
+    # eval rows of the window (its mapping declared when the definitions load, as for lora_adapter).
+    # adapter_evaluation(D-1): the decision of the day before, whose adapter (if promoted) is the one to
+    # beat (current_version).
     deps=[
         lora_adapter,
         HELD_OUT_TASKS_KEY,
         LORA_DATASET,
         AssetDep(ADAPTER_EVALUATION, partition_mapping=previous_day()),
     ],
-    description="Executed figures for base, current and candidate: repo_pass_rate on held-out repository "
-    "tasks, HumanEval pass@1 (forgetting guard), eval loss on held-out rows; the promotion decision and "
-    "the day's point of the learning curve.",
+    description="Base, current adapter and candidate answer the same tasks (held-out completion points, "
+    "held-out repository tasks, the anchor set, HumanEval); every answer kept; the candidate is promoted "
+    "only when a paired test shows it better on the primary figure and no guard is worse beyond its margin.",
 )
 @asset_step
 def adapter_evaluation(
@@ -313,56 +316,56 @@ def adapter_evaluation(
                 metadata={"candidate": "none", "promote": False, "no_adapter": outcome.reason, **learning}
             )
         candidate = registry.get(outcome.version)
-        tasks = executed_tasks(store, day, config, pipeline_settings.load().pipeline)
+        tasks = day_tasks(store, day, config, pipeline_settings.load())
         inputs = measurement_inputs(config, tasks)
-        # A re-run of the day (or a backfill over it) judges the figures already measured: the day's verdict
-        # stands against the version that was current then, and the lanes are not asked again.
-        measured = recorded(candidate, inputs)
-        reused = measured is not None
-        if measured is None:
-            dirs = _window(context, store)
-            measured = measure(context, candidate, gpu_lane, lora_training, adapter_registry, dirs, tasks)
-        else:
-            context.log.info(f"{candidate.name} was measured with these settings already: 0 requests")
+        dirs = _window(context, store)
+        measured = measure(context, candidate, gpu_lane, lora_training, adapter_registry, dirs, tasks)
         decision = _decide(measured, config)
+        figures = measured.figures()
         evaluation = {
             "candidate": candidate.name,
             "current": measured.current,
-            "figures": {label: f.model_dump() for label, f in measured.figures.items()},
-            "pass_rates": {
-                label: {kind: rate.model_dump() for kind, rate in rates.items()}
-                for label, rates in measured.pass_rates.items()
-            },
+            "models": measured.models,
+            "figures": {label: f.model_dump(mode="json") for label, f in figures.items()},
+            "losses": {measured.models[label]: loss.model_dump() for label, loss in measured.losses.items()},
+            "tasks": tasks.sizes(),
+            "not_tasks": tasks.not_tasks,
             "eval_samples": config.eval_max_samples,
             "eval_samples_scored": measured.eval_samples,
             "unjudged": measured.unjudged,
-            "loss_margin": config.eval_loss_margin,
-            "humaneval_tolerance": config.evaluation.humaneval_tolerance,
             "measured_with": inputs,
-            "decision": decision.model_dump(),
+            "decision": decision.model_dump(mode="json"),
         }
         registry.record_evaluation(candidate.name, evaluation)
         if not decision.promote and candidate.status == "candidate":
             registry.set_status(candidate.name, "rejected")
-        store.write_json("adapter_evaluation", context.partition_key, "evaluation.json", evaluation)
-        point = learning_point(day, candidate.name, decision, measured.figures, measured.current)
+        write_answers(store, day, measured)
+        store.write_json("adapter_evaluation", context.partition_key, EVALUATION_FILE, evaluation)
+        point = learning_point(day, candidate.name, decision, figures, measured.current)
         learning = _record_learning(store, point)
     verdict = "promote" if decision.promote else "reject"
     context.log.info(f"{candidate.name}: {verdict}: " + "; ".join(decision.reasons))
+    requests = sum(n for asked in measured.asked.values() for n in asked.values())
     metadata: dict[str, Any] = {
         "candidate": candidate.name,
         "current": measured.current or "none",
         "promote": decision.promote,
-        "eval_loss_judged": measured.unjudged is None,
+        "primary_figure": decision.primary or "none",
+        "primary_p_value": decision.primary_p_value() if decision.primary_p_value() is not None else 1.0,
+        "paired_outcome": MetadataValue.md(paired_table(decision)),
+        "tasks": MetadataValue.json(tasks.sizes()),
+        "not_tasks": len(tasks.not_tasks),
+        "requests": requests,
+        "eval_loss_measured": measured.unjudged is None,
         "eval_samples_scored": measured.eval_samples,
-        "repo_tasks": len(tasks.functions),
-        "humaneval_problems": len(tasks.problems),
-        "reused_measurements": reused,
+        "answers": MetadataValue.path(
+            str(store.folder("adapter_evaluation", context.partition_key) / ANSWERS_FILE)
+        ),
         "reasons": MetadataValue.md("\n".join(f"- {r}" for r in decision.reasons)),
         **learning,
     }
-    for label, f in measured.figures.items():
-        for name, value in f.model_dump().items():
+    for label, f in figures.items():
+        for name, value in f.model_dump(exclude={"eval_loss_by_kind", "intervals", "tasks"}).items():
             if value is not None:
                 metadata[f"{label}_{name}"] = value
     return MaterializeResult(metadata=metadata)

@@ -1,11 +1,10 @@
 """Asset checks of the GPU-lane assets, per daily partition.
 
-- `adapter_evaluation_has_every_figure`: the day's candidate was judged with every figure its decision
-  rests on (repo_pass_rate, HumanEval pass@1 and, unless the day had too few held-out rows, eval loss; of
-  the base, the candidate and the current adapter it was measured against). A promoted candidate without
-  them is an error; an unpromoted one a warning. A day without an adapter passes.
-- `promoted_adapter_within_limits`: the promotion rule, applied again to the recorded figures with the
-  configured limits, agrees that a promoted candidate may be served (a candidate outside any limit never is).
+- `adapter_evaluation_has_every_figure`: the day's candidate was judged on the primary figure its decision
+  rests on, and so were the base and the current adapter it was measured against. A promoted candidate
+  without it is an error; an unpromoted one a warning. A day without an adapter passes.
+- `promoted_adapter_within_limits`: the paired promotion rule, applied again to the day's recorded answers
+  (answers.json) with the configured limits, agrees that a promoted candidate may be served.
 - `served_alias_is_loaded`: the stable alias points at a registered, promoted version, and vLLM serves the
   alias from that version's folder on the base model. A day without an adapter passes without asking vLLM
   (nothing was served that day).
@@ -26,40 +25,37 @@ from dagster import (
 from lanes_pipeline.daily.resources import ArtifactStoreResource, LoraTrainingResource
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.day_adapter import DayAdapter, day_outcome
-from lanes_pipeline.gpu_lane.promotion import Figures, promotion_decision
+from lanes_pipeline.gpu_lane.evaluation_record import EvaluationRecordError, read_answers
+from lanes_pipeline.gpu_lane.promotion import paired_decision
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
 from lanes_pipeline.settings import TrainingConfig
+from lanes_pipeline.store import ArtifactStore
 
-FIGURE_FIELDS = tuple(Figures.model_fields)
 
-
-def missing_figures(evaluation: dict) -> list[str]:
-    """`label.field` of every figure the recorded evaluation lacks (pure: the check's rule). The eval loss
-    is not missing on a day that recorded why it could not be judged."""
+def missing_figures(evaluation: dict, primary: str) -> list[str]:
+    """`label.figure` of each model whose primary figure the recorded evaluation lacks (pure: the check's
+    rule). Guards with no tasks that day are not missing: they had nothing to lose."""
     figures = evaluation.get("figures", {})
     labels = ["base", "candidate"] + (["current"] if evaluation.get("current") else [])
-    wanted = [f for f in FIGURE_FIELDS if not (f == "eval_loss" and evaluation.get("unjudged"))]
     return [
-        f"{label}.{name}"
+        f"{label}.{primary}"
         for label in labels
-        for name in wanted
-        if not isinstance(figures.get(label, {}).get(name), int | float)
+        if not isinstance(figures.get(label, {}).get(primary), int | float)
     ]
 
 
-def rule_disagrees(evaluation: dict, config: TrainingConfig) -> list[str]:
-    """Why the promotion rule, applied to the recorded figures, would not promote (empty: it would)."""
-    figures = {label: Figures.model_validate(f) for label, f in evaluation.get("figures", {}).items()}
-    if "candidate" not in figures or "base" not in figures:
-        return ["no figures recorded"]
-    decision = promotion_decision(
-        figures["candidate"],
-        figures["base"],
-        figures.get("current"),
-        config.eval_loss_margin,
-        config.evaluation.humaneval_tolerance,
-        unjudged_loss=evaluation.get("unjudged"),
-        repo_tolerance=config.evaluation.repo_pass_tolerance,
+def rule_disagrees(store: ArtifactStore, day: str, config: TrainingConfig) -> list[str]:
+    """Why the promotion rule, applied again to the day's recorded answers with the configured limits,
+    would not promote (empty: it would)."""
+    try:
+        scores = read_answers(store, day).scores()
+    except EvaluationRecordError as exc:
+        return [str(exc)]
+    if "candidate" not in scores or "base" not in scores:
+        return ["no answers recorded for the candidate and the base"]
+    evaluation = config.evaluation
+    decision = paired_decision(
+        scores, evaluation.primary_figure, evaluation.alpha, evaluation.margins.model_dump()
     )
     return [] if decision.promote else decision.reasons
 
@@ -87,6 +83,7 @@ def build_gpu_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefini
         context: AssetCheckExecutionContext,
         adapter_registry: AdapterRegistryResource,
         artifact_store: ArtifactStoreResource,
+        lora_training: LoraTrainingResource,
     ) -> AssetCheckResult:
         outcome, evaluation = _day_evaluation(context, adapter_registry, artifact_store)
         if outcome.version is None:
@@ -96,7 +93,7 @@ def build_gpu_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefini
             return AssetCheckResult(
                 passed=False, metadata={"candidate": outcome.version, "why": "not evaluated"}
             )
-        missing = missing_figures(evaluation)
+        missing = missing_figures(evaluation, lora_training.config().evaluation.primary_figure)
         promoted = bool(decision["promote"])
         return AssetCheckResult(
             passed=not missing,
@@ -163,7 +160,7 @@ def build_gpu_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefini
             return AssetCheckResult(passed=True, metadata={"no_adapter": outcome.reason})
         if not (evaluation.get("decision") or {}).get("promote"):
             return AssetCheckResult(passed=True, metadata={"candidate": outcome.version, "promoted": False})
-        outside = rule_disagrees(evaluation, lora_training.config())
+        outside = rule_disagrees(artifact_store.store(), context.partition_key, lora_training.config())
         return AssetCheckResult(
             passed=not outside,
             metadata={

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lanes_pipeline.gpu_lane.judged import PASSED, Answer, TaskAnswer
 from lanes_pipeline.http import ChatMessage, ChatRequest, OpenAIClient
 
 CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -59,16 +60,18 @@ def extract_code(answer: str) -> str:
     return "\n\n".join(blocks) + "\n" if blocks else answer.strip("\n") + "\n"
 
 
-def ask(client: OpenAIClient, model: str, task: CodeTask, max_tokens: int) -> str:
+def ask(client: OpenAIClient, model: str, task: CodeTask, max_tokens: int) -> Answer:
     messages = [ChatMessage(role="system", content=task.system)] if task.system else []
     messages.append(ChatMessage(role="user", content=task.prompt))
     request = ChatRequest(model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, seed=0)
-    return client.chat(request).text
+    response = client.chat(request)
+    finish = response.choices[0].finish_reason if response.choices else None
+    return Answer(text=response.text, tokens=response.usage.completion_tokens, finish_reason=finish)
 
 
 def answers(
     client: OpenAIClient, model: str, tasks: Sequence[CodeTask], max_tokens: int, workers: int
-) -> dict[str, str]:
+) -> dict[str, Answer]:
     """task name -> the served model's greedy answer; `workers` requests at once (vLLM batches them)."""
     if not tasks:
         return {}
@@ -88,4 +91,9 @@ def pass_rate(
     """Ask, then run each answer through `judge` (the sandbox), one after the other: the sandbox runs are
     CPU-bound and the machine has few cores."""
     texts = answers(client, model, tasks, max_tokens, workers)
-    return PassRate.of(model, [judge(task, texts[task.name]) for task in tasks])
+    return PassRate.of(model, [judge(task, texts[task.name].text) for task in tasks])
+
+
+def judged(outcome: TaskOutcome, answer: Answer) -> TaskAnswer:
+    """An executed task's record: the answer and its pass-fail verdict."""
+    return TaskAnswer.of(outcome.name, answer, {PASSED: 1.0 if outcome.passed else 0.0}, outcome.reason)

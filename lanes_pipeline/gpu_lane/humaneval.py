@@ -206,5 +206,5 @@ def humaneval_pass1(
     tasks = [humaneval_task(problem, system_prompt) for problem in problems]
     texts = answers(client, model, tasks, config.max_tokens, config.workers)
     per_program = limits.model_copy(update={"timeout_s": config.timeout_s})
-    outcomes = judge_all([(p, texts[p.task_id]) for p in problems], per_program, isolation)
+    outcomes = judge_all([(p, texts[p.task_id].text) for p in problems], per_program, isolation)
     return PassRate.of(model, outcomes)

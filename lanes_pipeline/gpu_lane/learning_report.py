@@ -1,5 +1,6 @@
-"""The learning curve (issue 12): per day, the base model against what the stable alias serves, on
-`repo_pass_rate`, held-out eval loss and HumanEval pass@1.
+"""The learning curve: per day, the base model, the day's candidate and what the stable alias serves, on
+the editor's figure (completion edit similarity), `repo_pass_rate`, the anchor set, held-out eval loss and
+HumanEval pass@1, each with its 95% interval.
 
 `adapter_evaluation` writes one `LearningPoint` a day to `<artifacts>/adapter_evaluation/<day>/learning.json`;
 this module reads them back (sorted by day) and turns them into a Markdown table, a PNG chart, the one line
@@ -10,8 +11,8 @@ here is pure apart from reading the store and writing the chart file.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from datetime import date
+from collections.abc import Sequence
+from datetime import date, datetime, time, timedelta
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -24,10 +25,17 @@ LEARNING_FILE = "learning.json"
 
 # (metadata / column stem, label, Figures field, is a share shown as a percentage)
 _FIGURES: tuple[tuple[str, str, str, bool], ...] = (
+    ("completion_edit_similarity", "completion edit similarity", "completion_edit_similarity", True),
     ("repo_pass_rate", "repo_pass_rate", "repo_pass_rate", True),
+    ("anchor_pass_rate", "anchor pass rate", "anchor_pass_rate", True),
     ("eval_loss", "eval loss", "eval_loss", False),
     ("humaneval_pass1", "HumanEval pass@1", "humaneval_pass1", True),
 )
+_SIDES = (("base", "tab:gray", "o--"), ("candidate", "tab:green", "s:"), ("served", "tab:blue", "o-"))
+
+
+def _side(point: LearningPoint, side: str) -> Figures:
+    return {"base": point.base, "candidate": point.candidate_figures, "served": point.served_figures}[side]
 
 
 class LearningReportError(ValueError):
@@ -81,9 +89,9 @@ def _cell(text: str) -> str:
 
 def markdown_table(points: Sequence[LearningPoint]) -> str:
     """One row a day: what was served, the day's candidate and decision, base vs served on each figure."""
-    header = ["day", "served", "candidate", "promoted"]
+    header = ["day", "served", "candidate", "promoted", "primary p"]
     for _key, label, _field, _share in _FIGURES:
-        header += [f"{label} base", f"{label} served"]
+        header += [f"{label} base", f"{label} candidate", f"{label} served"]
     header.append("note")
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for point in points:
@@ -92,12 +100,10 @@ def markdown_table(points: Sequence[LearningPoint]) -> str:
             point.served,
             point.candidate or "no adapter today",
             "yes" if point.promoted else "no",
+            "-" if point.p_value is None else f"{point.p_value:.3g}",
         ]
         for _key, _label, field, share in _FIGURES:
-            row += [
-                _format(_value(point.base, field), share),
-                _format(_value(point.served_figures, field), share),
-            ]
+            row += [_format(_value(_side(point, side), field), share) for side, _c, _s in _SIDES]
         row.append(point.note)
         lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
     return "\n".join(lines)
@@ -106,7 +112,13 @@ def markdown_table(points: Sequence[LearningPoint]) -> str:
 def learning_line(point: LearningPoint) -> str:
     """The day's line for `lanes run`'s summary, e.g. "learning 2026-11-02: served lanes-2026-11-02
     repo_pass_rate 15% (base 10%), eval loss 1.23 (base 1.50), HumanEval 2.5% (base 2.5%)"."""
-    short = {"repo_pass_rate": "repo_pass_rate", "eval_loss": "eval loss", "humaneval_pass1": "HumanEval"}
+    short = {
+        "completion_edit_similarity": "completion similarity",
+        "repo_pass_rate": "repo_pass_rate",
+        "anchor_pass_rate": "anchor",
+        "eval_loss": "eval loss",
+        "humaneval_pass1": "HumanEval",
+    }
     parts = [
         f"{short[key]} {_format(_value(point.served_figures, field), share)} "
         f"(base {_format(_value(point.base, field), share)})"
@@ -115,14 +127,18 @@ def learning_line(point: LearningPoint) -> str:
     line = f"learning {point.day.isoformat()}: served {point.served} " + ", ".join(parts)
     if point.candidate is not None and not point.promoted:
         line += f"; candidate {point.candidate} not promoted"
+        if point.p_value is not None:
+            line += f" ({point.primary_figure} p = {point.p_value:.3g})"
     return line + (f"; {point.note}" if point.note else "")
 
 
 def plot_metadata(point: LearningPoint) -> dict[str, float]:
-    """Float metadata for the day's MaterializeResult (Dagster plots each key over partitions): base_* and
-    served_* for each figure, only those measured, so an unmeasured figure leaves a gap, not a zero."""
+    """Float metadata for the day's MaterializeResult (Dagster plots each key over partitions): base_*,
+    candidate_* and served_* for each figure, only those measured, so an unmeasured figure leaves a gap,
+    not a zero."""
     metadata: dict[str, float] = {}
-    for side, figures in (("base", point.base), ("served", point.served_figures)):
+    for side in ("base", "candidate", "served"):
+        figures = _side(point, side)
         for key, _label, field, _share in _FIGURES:
             value = _value(figures, field)
             if value is not None:
@@ -131,36 +147,50 @@ def plot_metadata(point: LearningPoint) -> dict[str, float]:
 
 
 def _series(
-    points: Sequence[LearningPoint], figures: Callable[[LearningPoint], Figures], field: str, scale: float
-) -> tuple[list[date], list[float]]:
-    pairs = [(p.day, _value(figures(p), field)) for p in points]
-    measured = [(day, value * scale) for day, value in pairs if value is not None]
-    return [day for day, _ in measured], [value for _, value in measured]
+    points: Sequence[LearningPoint], side: str, field: str, scale: float
+) -> tuple[list[date], list[float], list[list[float]]]:
+    """The days a side measured `field`, its values, and the error bars (below, above) of its interval
+    (0 where it has none)."""
+    days, values, below, above = [], [], [], []
+    for point in points:
+        figures = _side(point, side)
+        value = _value(figures, field)
+        if value is None:
+            continue
+        low, high = figures.intervals.get(field, (value, value))
+        days.append(point.day)
+        values.append(value * scale)
+        below.append(max(0.0, (value - low) * scale))
+        above.append(max(0.0, (high - value) * scale))
+    return days, values, [below, above]
 
 
 def render_chart(points: Sequence[LearningPoint], path: Path) -> Path:
-    """Three stacked panels over the days (repo_pass_rate, eval loss, HumanEval pass@1), base vs served;
-    unmeasured values are left out; promoted days are starred on the served line. Returns `path`."""
+    """One panel per figure over the days: base, the day's candidate (promoted or not) and the served
+    alias side by side, each with its 95% interval; unmeasured values are left out; promoted days are
+    starred. Returns `path`."""
     if not points:
         raise ValueError("no learning points to chart: no day has been evaluated yet")
     # A Figure without pyplot renders through the Agg canvas: no display, no global backend switch.
     from matplotlib.dates import DateFormatter, DayLocator
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 9), constrained_layout=True)
+    fig = Figure(figsize=(9, 2.6 * len(_FIGURES)), constrained_layout=True)
     axes = fig.subplots(len(_FIGURES), 1, sharex=True)
     ordered = sorted(points, key=lambda point: point.day)
+    # Three sides a day, moved apart by a few hours so that equal figures do not hide one another.
+    shift = {"base": timedelta(hours=-5), "candidate": timedelta(0), "served": timedelta(hours=5)}
     for axis, (_key, label, field, share) in zip(axes, _FIGURES, strict=True):
         scale = 100.0 if share else 1.0
-        days, values = _series(ordered, lambda p: p.base, field, scale)
-        axis.plot(days, values, "o--", color="tab:gray", label="base")
-        days, values = _series(ordered, lambda p: p.served_figures, field, scale)
-        axis.plot(days, values, "o-", color="tab:blue", label="served")
-        days, values = _series([p for p in ordered if p.promoted], lambda p: p.served_figures, field, scale)
-        axis.plot(days, values, "*", color="tab:orange", markersize=12, label="promoted that day")
-        if not any(
-            _value(p.base, field) is not None or _value(p.served_figures, field) is not None for p in ordered
-        ):
+        for side, color, style in _SIDES:
+            days, values, errors = _series(ordered, side, field, scale)
+            moved = [datetime.combine(day, time(12)) + shift[side] for day in days]
+            axis.errorbar(moved, values, yerr=errors, fmt=style, color=color, capsize=3, label=side)
+        promoted = [p for p in ordered if p.promoted]
+        days, values, _ = _series(promoted, "served", field, scale)
+        moved = [datetime.combine(day, time(12)) + shift["served"] for day in days]
+        axis.plot(moved, values, "*", color="tab:orange", markersize=12, label="promoted that day")
+        if not any(_value(_side(p, side), field) is not None for p in ordered for side, _c, _s in _SIDES):
             axis.text(0.5, 0.5, "not measured on any day", transform=axis.transAxes, ha="center", va="center")
         axis.set_ylabel(f"{label} (%)" if share else label)
         axis.grid(True, alpha=0.3)
@@ -170,7 +200,7 @@ def render_chart(points: Sequence[LearningPoint], path: Path) -> Path:
     axes[-1].xaxis.set_major_locator(DayLocator(interval=max(1, (last - first).days // 12 + 1)))
     axes[-1].xaxis.set_major_formatter(DateFormatter("%Y-%m-%d"))
     fig.autofmt_xdate()
-    fig.suptitle(f"learning curve {first.isoformat()} .. {last.isoformat()}: base vs served alias")
+    fig.suptitle(f"learning curve {first.isoformat()} .. {last.isoformat()}: base, candidate, served alias")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, format="png")
     return path

@@ -1,7 +1,9 @@
 """What adapter_evaluation measures for one candidate, for the base model, the current adapter and the
-candidate: the eval loss on the held-out symbols' rows (a trainer subprocess), `repo_pass_rate` on the
-held-out repository tasks and HumanEval pass@1 (answers through vLLM, run in the sandbox). Recorded in the
-registry, so a re-run of the day judges the recorded figures instead of asking the lanes again."""
+candidate: the eval loss on the held-out rows (a trainer subprocess, by task kind) and every answer to the
+day's task sets (judge_tasks.py: repository tasks, the anchor set, HumanEval, completion points), asked of
+the three models side by side through vLLM. Answers are cached per model (answer_cache.py), so a re-run
+of the day, or a later day's base and current adapter, ask nothing they answered before; the eval losses
+and the version the candidate was measured against are recorded in the registry and reused by a re-run."""
 
 from __future__ import annotations
 
@@ -13,57 +15,58 @@ from typing import Any
 from dagster import AssetExecutionContext
 
 from lanes_pipeline.daily.resources import LoraTrainingResource
-from lanes_pipeline.dataset.holdout_rules import HeldOutFunction
 from lanes_pipeline.dataset.window import load_split
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, Version
-from lanes_pipeline.gpu_lane.code_tasks import PassRate, pass_rate
-from lanes_pipeline.gpu_lane.humaneval import HumanEvalProblem, daily_subset, humaneval_pass1, load_problems
-from lanes_pipeline.gpu_lane.promotion import Figures
-from lanes_pipeline.gpu_lane.repo_tasks import body_task, judge_body, task_name
+from lanes_pipeline.gpu_lane.answer_cache import AnswerCache
+from lanes_pipeline.gpu_lane.humaneval import HumanEvalProblem, daily_subset, load_problems
+from lanes_pipeline.gpu_lane.judge_tasks import DayTasks, answer_all, plans
+from lanes_pipeline.gpu_lane.judged import EvalLoss, TaskAnswer
+from lanes_pipeline.gpu_lane.promotion import EVAL_ROWS, FIGURES, Figures, Scores, figure_scores, figures_of
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, service_for
 from lanes_pipeline.gpu_lane.training.runner import run_evaluation
 from lanes_pipeline.gpu_lane.training.spec import EvalSpec
-from lanes_pipeline.settings import SandboxLimits, TrainingConfig, data_dir
-from lanes_pipeline.store import canonical_json, sha256_bytes
+from lanes_pipeline.settings import TrainingConfig, data_dir
+from lanes_pipeline.store import sha256_bytes
+
+ANSWER_CACHE = "evaluation_answers"  # beside the adapters folder: answers live as long as their versions
 
 
 @dataclass
 class Measured:
-    """The figures of one candidate; the promotion decision is a pure function of them. `unjudged`: why
-    the eval loss could not be measured (too few held-out rows): the executed figures then decide."""
+    """Everything the decision rests on. `unjudged`: why no eval loss was measured (too few rows)."""
 
     current: str | None  # the promoted version the candidate was measured against
-    figures: dict[str, Figures]
-    pass_rates: dict[str, dict[str, PassRate]] = field(default_factory=dict)  # label -> repo|humaneval
+    models: dict[str, str]  # label -> served model name
+    answers: dict[str, dict[str, list[TaskAnswer]]]  # label -> task set -> answers
+    losses: dict[str, EvalLoss] = field(default_factory=dict)
+    asked: dict[str, dict[str, int]] = field(default_factory=dict)  # label -> task set -> requests made
     eval_samples: int = 0
     unjudged: str | None = None
 
-
-@dataclass
-class ExecutedTasks:
-    """What the executed figures run: the day's held-out functions and the HumanEval problems."""
-
-    functions: list[HeldOutFunction]
-    problems: list[HumanEvalProblem]
-    system_prompt: str
-    limits: SandboxLimits
-
-    def fingerprint(self) -> str:
-        names = {
-            "repo": [task_name(f) + f.commit for f in self.functions],
-            "humaneval": [p.task_id for p in self.problems],
+    def scores(self) -> dict[str, Scores]:
+        return {
+            label: figure_scores(
+                self.answers.get(label, {}), self.losses[label].row_losses if label in self.losses else {}
+            )
+            for label in self.models
         }
-        return sha256_bytes(canonical_json(names))[:16]
+
+    def figures(self) -> dict[str, Figures]:
+        out = {}
+        for label, scores in self.scores().items():
+            loss = self.losses.get(label)
+            figures = figures_of(scores, loss.loss if loss else None)
+            out[label] = figures.model_copy(update={"eval_loss_by_kind": loss.by_kind if loss else {}})
+        return out
 
 
 def humaneval_problems(config: TrainingConfig) -> list[HumanEvalProblem]:
     return daily_subset(load_problems(), config.evaluation.humaneval_problems)
 
 
-def measurement_inputs(config: TrainingConfig, tasks: ExecutedTasks) -> dict[str, Any]:
+def measurement_inputs(config: TrainingConfig, tasks: DayTasks) -> dict[str, Any]:
     """The settings and tasks the figures depend on besides the candidate itself (its training inputs fix
-    its data window, thus the held-out rows): the same inputs give the same figures, so they are not
-    measured again."""
+    its data window, thus the held-out rows)."""
     return {
         "eval_max_samples": config.eval_max_samples,
         "max_seq_len": config.max_seq_len,
@@ -71,22 +74,6 @@ def measurement_inputs(config: TrainingConfig, tasks: ExecutedTasks) -> dict[str
         "evaluation": config.evaluation.model_dump(mode="json"),
         "tasks": tasks.fingerprint(),
     }
-
-
-def recorded(candidate: Version, inputs: dict[str, Any]) -> Measured | None:
-    evaluation = candidate.evaluation
-    if evaluation.get("measured_with") != inputs:
-        return None
-    return Measured(
-        current=evaluation["current"],
-        figures={label: Figures.model_validate(f) for label, f in evaluation["figures"].items()},
-        pass_rates={
-            label: {kind: PassRate.model_validate(rate) for kind, rate in rates.items()}
-            for label, rates in evaluation.get("pass_rates", {}).items()
-        },
-        eval_samples=evaluation.get("eval_samples_scored", 0),
-        unjudged=evaluation.get("unjudged"),
-    )
 
 
 def current_version(registry: AdapterRegistry, alias: str, candidate: Version) -> Version | None:
@@ -111,7 +98,7 @@ def current_version(registry: AdapterRegistry, alias: str, candidate: Version) -
 
 
 def _too_few(scored: int | None, rows: int, config: TrainingConfig) -> str:
-    """Why the eval loss is not judged; `scored`: of the `rows`, those with assistant tokens (None: not
+    """Why the eval loss is not measured; `scored`: of the `rows`, those with assistant tokens (None: not
     tokenized, there were too few rows already)."""
     found = f"{rows} held-out row(s)" if scored is None else f"{scored} of {rows} held-out rows scorable"
     return f"{found} in the window, fewer than min_eval_rows {config.min_eval_rows}"
@@ -124,8 +111,8 @@ def _eval_losses(
     config: TrainingConfig,
     base_dir: Path,
     dirs: list[Path],
-) -> tuple[dict[str, float], int, str | None]:
-    """(model -> eval loss on the held-out rows, rows scored, why not judged or None)."""
+) -> tuple[dict[str, EvalLoss], int, str | None]:
+    """(model name -> eval loss on the held-out rows, rows scored, why not measured or None)."""
     rows = len(load_split(dirs, "eval"))
     if rows < config.min_eval_rows:  # known before loading a model
         return {}, 0, _too_few(None, rows, config)
@@ -136,25 +123,42 @@ def _eval_losses(
     report = run_evaluation(spec, data_dir() / "logs" / f"eval-{candidate.name}.log", context)
     if report.samples < config.min_eval_rows:
         return {}, report.samples, _too_few(report.samples, report.rows, config)
-    return {r.model: r.loss for r in report.results}, report.samples, None
+    losses = {
+        r.model: EvalLoss(
+            loss=r.loss,
+            by_kind=dict(r.by_kind),
+            row_losses=dict(r.row_losses),
+        )
+        for r in report.results
+    }
+    return losses, report.samples, None
 
 
-def executed_pass_rates(
-    client: Any, served: str, tasks: ExecutedTasks, config: TrainingConfig
-) -> dict[str, PassRate]:
-    """repo_pass_rate and HumanEval pass@1 of one served model name."""
-    evaluation = config.evaluation
-    by_name = {task_name(f): f for f in tasks.functions}
-    repo = pass_rate(
-        client,
-        served,
-        [body_task(f, tasks.system_prompt) for f in tasks.functions],
-        lambda task, answer: judge_body(by_name[task.name], answer, tasks.limits),
-        evaluation.max_tokens,
-        evaluation.workers,
-    )
-    humaneval = humaneval_pass1(client, served, tasks.problems, evaluation, tasks.limits, tasks.system_prompt)
-    return {"repo": repo, "humaneval": humaneval}
+def base_identity(served_name: str, base_dir: Path) -> str:
+    """The base model's key in the answer cache: its served name and its folder (another base, other
+    answers)."""
+    return f"base-{served_name}-{sha256_bytes(str(base_dir).encode())[:8]}"
+
+
+def primary_measurable(primary: str, tasks: DayTasks, unjudged: str | None) -> bool:
+    """Whether the day has anything to measure the primary figure on."""
+    task_set = FIGURES[primary].task_set
+    return unjudged is None if task_set == EVAL_ROWS else tasks.sizes().get(task_set, 0) > 0
+
+
+def version_identity(version: Version) -> str:
+    """An adapter's key in the answer cache: its name and when it was registered (a name registered again,
+    after its folder was deleted and retrained, is another model)."""
+    return f"{version.name}-{sha256_bytes((version.path + version.created_at).encode())[:8]}"
+
+
+def _recorded(candidate: Version, inputs: dict[str, Any], registry: AdapterRegistry) -> dict[str, Any] | None:
+    """The candidate's earlier measurement with these inputs (a re-run of the day): its verdict stands
+    against the version that was current then, and its eval losses are not measured again."""
+    evaluation = candidate.evaluation
+    if evaluation.get("measured_with") != inputs or "losses" not in evaluation:
+        return None
+    return evaluation
 
 
 def measure(
@@ -164,48 +168,57 @@ def measure(
     lora_training: LoraTrainingResource,
     adapter_registry: AdapterRegistryResource,
     dirs: list[Path],
-    tasks: ExecutedTasks,
+    tasks: DayTasks,
 ) -> Measured:
-    """Eval losses first (no vLLM), then the executed figures of base, current and candidate."""
+    """Eval losses first (no vLLM), then every task set's answers of base, current and candidate."""
     config, registry = lora_training.config(), adapter_registry.registry()
-    current = current_version(registry, gpu_lane.alias_name, candidate)
-    current_name = current.name if current else None
-    losses, scored, unjudged = _eval_losses(
-        context, candidate, current, config, lora_training.base_model_path(), dirs
+    base_dir = lora_training.base_model_path()
+    recorded = _recorded(candidate, measurement_inputs(config, tasks), registry)
+    if recorded is not None:
+        current = registry.get(recorded["current"]) if recorded["current"] else None
+        named = {model: EvalLoss.model_validate(loss) for model, loss in recorded["losses"].items()}
+        scored, unjudged = recorded.get("eval_samples_scored", 0), recorded.get("unjudged")
+        context.log.info(f"{candidate.name} was measured with these inputs already: its eval losses reused")
+    else:
+        current = current_version(registry, gpu_lane.alias_name, candidate)
+        named, scored, unjudged = _eval_losses(context, candidate, current, config, base_dir, dirs)
+    base_name = gpu_lane.config.served_model_name
+    models = {"base": base_name, "candidate": candidate.name} | ({"current": current.name} if current else {})
+    identity = {"base": base_identity(base_name, base_dir), "candidate": version_identity(candidate)} | (
+        {"current": version_identity(current)} if current else {}
     )
-    by_label = {"base": "base", "candidate": candidate.name} | ({"current": current.name} if current else {})
-    if not tasks.functions:
-        # Without held-out repository tasks the rule cannot promote (repo_pass_rate is unmeasured): vLLM is
-        # not asked for figures that could not change the decision.
-        context.log.warning("no held-out repository tasks for the day: the candidate cannot be promoted")
-        figures = {label: Figures(eval_loss=losses.get(model)) for label, model in by_label.items()}
-        return Measured(current_name, figures, {}, eval_samples=scored, unjudged=unjudged)
+    losses = {label: named[model] for label, model in models.items() if model in named}
+    current_name = current.name if current else None
+    primary = config.evaluation.primary_figure
+    if not primary_measurable(primary, tasks, unjudged):
+        # The rule cannot promote without its primary figure: vLLM is not asked for figures that could
+        # not change the decision (the decision says why).
+        context.log.warning(f"no {primary} to measure for {candidate.name}: it cannot be promoted")
+        return Measured(current_name, models, {}, losses, {}, eval_samples=scored, unjudged=unjudged)
+    cache = AnswerCache(adapter_registry.folder().parent / ANSWER_CACHE)
+    plan_list = plans(tasks, config.evaluation)
+    context.log.info(f"task sets: {tasks.sizes()}; models: {models}")
     with gpu_lane.vllm() as client:
         service = service_for(gpu_lane, adapter_registry, lora_training, client)
-        served = {"base": gpu_lane.config.served_model_name, "candidate": candidate.name}
         service.ensure_loaded(candidate)
         if current is not None:
             service.ensure_loaded(current)
-            served["current"] = current.name
-        for label, name in served.items():
-            context.log.info(
-                f"{label} ({name}): {len(tasks.functions)} repository task(s), "
-                f"{len(tasks.problems)} HumanEval problem(s)"
-            )
         # The models asked side by side: vLLM batches their requests (up to max_loras adapters a step) and
         # one model's sandbox runs overlap another's answers, where one after the other left vLLM idle.
-        with ThreadPoolExecutor(len(served), thread_name_prefix="measure") as pool:
+        with ThreadPoolExecutor(len(models), thread_name_prefix="measure") as pool:
             running = {
-                label: pool.submit(executed_pass_rates, client, name, tasks, config)
-                for label, name in served.items()
+                label: pool.submit(answer_all, client, name, identity[label], plan_list, cache)
+                for label, name in models.items()
             }
-            rates = {label: future.result() for label, future in running.items()}
-    figures = {
-        label: Figures(
-            eval_loss=losses.get(model),
-            repo_pass_rate=rates[label]["repo"].rate,
-            humaneval_pass1=rates[label]["humaneval"].rate if tasks.problems else None,
-        )
-        for label, model in by_label.items()
-    }
-    return Measured(current_name, figures, rates, eval_samples=scored, unjudged=unjudged)
+            answered = {label: future.result() for label, future in running.items()}
+    for label, result in answered.items():
+        context.log.info(f"{label} ({models[label]}): asked {result.asked} (the rest from the answer cache)")
+    return Measured(
+        current=current_name,
+        models=models,
+        answers={label: result.answers for label, result in answered.items()},
+        losses=losses,
+        asked={label: result.asked for label, result in answered.items()},
+        eval_samples=scored,
+        unjudged=unjudged,
+    )

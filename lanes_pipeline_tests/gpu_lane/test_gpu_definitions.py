@@ -3,12 +3,18 @@ the GPU-lane asset checks; and the rule of the figures check. Fast: nothing runs
 
 from __future__ import annotations
 
+from datetime import date
+from pathlib import Path
+
 from dagster import AssetKey
 
 from lanes_pipeline.definitions import build_definitions
 from lanes_pipeline.gpu_lane.assets import SERVED_FRESHNESS
 from lanes_pipeline.gpu_lane.checks import missing_figures, rule_disagrees
+from lanes_pipeline.gpu_lane.evaluation_record import ANSWERS_FILE, DayAnswers, ModelAnswers
+from lanes_pipeline.gpu_lane.judged import EDIT_SIMILARITY, PASSED, TaskAnswer
 from lanes_pipeline.settings import Settings, TrainingConfig
+from lanes_pipeline.store import ArtifactStore
 
 
 def test_served_adapter_has_a_freshness_policy_and_the_gpu_assets_have_checks(settings: Settings) -> None:
@@ -19,36 +25,60 @@ def test_served_adapter_has_a_freshness_policy_and_the_gpu_assets_have_checks(se
     assert {"adapter_evaluation_has_every_figure", "served_alias_is_loaded"} <= checks
 
 
-def test_the_figures_check_names_each_missing_figure() -> None:
-    full = {"eval_loss": 1.0, "repo_pass_rate": 0.5, "humaneval_pass1": 0.05}
+def test_the_figures_check_names_each_model_without_the_primary_figure() -> None:
+    full = {"completion_edit_similarity": 0.4, "repo_pass_rate": 0.5}
     judged = {"current": None, "figures": {"base": full, "candidate": full}}
-    assert missing_figures(judged) == []
+    assert missing_figures(judged, "completion_edit_similarity") == []
     against_current = {
         "current": "lanes-2026-11-04",
-        "figures": {"base": full, "candidate": {"eval_loss": 0.9, "repo_pass_rate": 0.5}},
+        "figures": {"base": full, "candidate": {"repo_pass_rate": 0.5}},
     }
-    assert missing_figures(against_current) == [
-        "candidate.humaneval_pass1",
-        "current.eval_loss",
-        "current.repo_pass_rate",
-        "current.humaneval_pass1",
+    assert missing_figures(against_current, "completion_edit_similarity") == [
+        "candidate.completion_edit_similarity",
+        "current.completion_edit_similarity",
     ]
-    # a day with too few held-out rows records why: its eval loss is not missing, the rest is
-    assert missing_figures({"current": None, "figures": {}, "unjudged": "too few rows"}) == [
-        "base.repo_pass_rate",
-        "base.humaneval_pass1",
-        "candidate.repo_pass_rate",
-        "candidate.humaneval_pass1",
+    assert missing_figures({"current": None, "figures": {}}, "eval_loss") == [
+        "base.eval_loss",
+        "candidate.eval_loss",
     ]
 
 
-def test_the_limits_check_applies_the_rule_again_to_the_recorded_figures() -> None:
-    config = TrainingConfig()
-    inside = {
-        "base": {"eval_loss": 2.0, "repo_pass_rate": 0.1, "humaneval_pass1": 0.05},
-        "candidate": {"eval_loss": 1.0, "repo_pass_rate": 0.2, "humaneval_pass1": 0.05},
-    }
-    assert rule_disagrees({"figures": inside}, config) == []
-    forgot = inside | {"candidate": inside["candidate"] | {"humaneval_pass1": 0.0}}
-    assert any("below the base's" in r for r in rule_disagrees({"figures": forgot}, config))
-    assert rule_disagrees({"figures": {}}, config) == ["no figures recorded"]
+def _record(store: ArtifactStore, candidate_similarity: float, anchor_passed: int) -> None:
+    """A judged day's answers.json: 12 completion points and 50 anchor tasks for base and candidate."""
+
+    def answers(similarity: float, passed: int) -> dict[str, list[TaskAnswer]]:
+        points = [
+            TaskAnswer(
+                task=f"p{i}", answer="x", scores={EDIT_SIMILARITY: similarity, "exact_match": 0.0}, reason=""
+            )
+            for i in range(12)
+        ]
+        anchors = [
+            TaskAnswer(task=f"a{i}", answer="y", scores={PASSED: float(i < passed)}, reason="")
+            for i in range(50)
+        ]
+        return {"completion": points, "anchor": anchors}
+
+    record = DayAnswers(
+        day=date(2026, 11, 4),
+        candidate="c",
+        labels={
+            "base": ModelAnswers(model="base", task_sets=answers(0.3, 10)),
+            "candidate": ModelAnswers(model="c", task_sets=answers(candidate_similarity, anchor_passed)),
+        },
+    )
+    store.write_json("adapter_evaluation", "2026-11-04", ANSWERS_FILE, record.model_dump(mode="json"))
+
+
+def test_the_limits_check_applies_the_rule_again_to_the_recorded_answers(tmp_path: Path) -> None:
+    config, store = TrainingConfig(), ArtifactStore(tmp_path)
+    _record(store, candidate_similarity=0.5, anchor_passed=10)
+    assert rule_disagrees(store, "2026-11-04", config) == []
+    _record(store, candidate_similarity=0.5, anchor_passed=5)  # 10 points of the anchor set forgotten
+    assert any(
+        "anchor_pass_rate vs base" in r and "worse beyond" in r
+        for r in rule_disagrees(store, "2026-11-04", config)
+    )
+    _record(store, candidate_similarity=0.3, anchor_passed=10)  # no better
+    assert any("not shown better" in r for r in rule_disagrees(store, "2026-11-04", config))
+    assert "no candidate was judged on 2026-11-05" in rule_disagrees(store, "2026-11-05", config)[0]

@@ -25,6 +25,7 @@ from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.errors import RuntimeLoraDisabledError
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.client import RUNTIME_LORA_ENV, VllmClient
+from lanes_pipeline.gpu_lane.evaluation_record import read_answers
 from lanes_pipeline.gpu_lane.sensors import gpu_lane_adapters_sensor
 from lanes_pipeline.http import ChatMessage, ChatRequest
 from lanes_pipeline.loop.jobs import rollback_adapter_job
@@ -67,23 +68,29 @@ def ask(url: str, model: str, question: str = PROBE_QUESTION) -> str:
         return client.chat(ChatRequest(model=model, messages=messages, max_tokens=24)).text
 
 
+EVAL_LOSS_GATE = {
+    "primary_figure": "eval_loss",
+    "alpha": 0.5,
+    "margins": {"repo_pass_rate": 1.0, "anchor_pass_rate": 1.0, "humaneval_pass1": 1.0},
+    "humaneval_problems": 1,
+    "anchor_tasks": 1,
+    "max_completion_points": 4,
+    "max_tokens": 64,
+}
+
+
 def resources_for(root: Path, url: str, settings: Settings) -> dict[str, Any]:
-    # One fact taught on eight questions: the gate is judged on eval loss here; the executed limits are
-    # covered in test_promotion_rule and test_executed_judge, and the figures are still measured (one
-    # repository task, one HumanEval problem, short answers: their figures are not under test here) and
-    # recorded.
+    # One fact taught on eight questions: the gate's primary figure is the eval loss here, paired by
+    # held-out row (a handful of rows cannot reach p < 0.05: alpha 0.5), and the guards' margins are wide;
+    # the paired rule itself is covered in test_promotion_rule and test_executed_judge. Every task set is
+    # still asked and recorded (one repository task, one anchor, one HumanEval problem, four completion
+    # points, short answers: their figures are not under test here).
     training = {
         "max_steps": CODENAME_STEPS,
         "learning_rate": 2e-3,
         "lora": settings.training.lora.model_copy(update={"dropout": 0.0}),
-        "eval_loss_margin": 0.05,
     }
-    evaluation = {
-        "humaneval_problems": 1,
-        "humaneval_tolerance": 1.0,
-        "repo_pass_tolerance": 1.0,
-        "max_tokens": 64,
-    }
+    evaluation = EVAL_LOSS_GATE
     return gpu_resources(root, url, settings, training, evaluation)
 
 
@@ -148,10 +155,15 @@ def test_the_version_folder_is_complete_and_the_figures_are_recorded(pipeline: P
     assert evaluation["candidate_eval_loss"] < evaluation["base_eval_loss"] * 0.5  # held-out phrasings
     recorded = pipeline.registry.get(f"lanes-{DAY}").evaluation
     assert recorded["figures"]["candidate"]["eval_loss"] == evaluation["candidate_eval_loss"]
+    assert recorded["decision"]["primary"] == "eval_loss" and recorded["decision"]["comparisons"]
+    answers = read_answers(ArtifactStore(pipeline.root / "artifacts"), DAY)
     for label in ("base", "candidate"):
-        rates = recorded["pass_rates"][label]
-        assert rates["repo"]["total"] == 1 and rates["humaneval"]["total"] == 1, rates
+        sets = answers.labels[label].task_sets
+        assert {name: len(given) for name, given in sets.items()} == recorded["tasks"], sets
+        assert recorded["tasks"]["repo"] == 1 and recorded["tasks"]["humaneval"] == 1
+        assert all(a.answer is not None and a.reason for given in sets.values() for a in given)
         assert 0 <= recorded["figures"][label]["repo_pass_rate"] <= 1
+    assert "| eval_loss (primary) | base |" in evaluation["paired_outcome"]
     point = ArtifactStore(pipeline.root / "artifacts").read_json("adapter_evaluation", DAY, "learning.json")
     assert point["served"] == f"lanes-{DAY}" and point["promoted"] is True
     assert evaluation["served_repo_pass_rate"] == recorded["figures"]["candidate"]["repo_pass_rate"]
@@ -179,7 +191,7 @@ def test_a_rerun_of_the_day_reuses_everything_and_asks_vllm_nothing(
     )
     assert again.success
     assert _metadata(again, "lora_adapter")["reused_existing_version"] is True
-    assert _metadata(again, "adapter_evaluation")["reused_measurements"] is True
+    assert _metadata(again, "adapter_evaluation")["requests"] == 0  # every answer from the answer cache
     serving = _metadata(again, "served_adapter")
     assert serving["alias_moved"] is False and serving["alias_target"] == f"lanes-{DAY}"
     assert _finished_requests(gpu_server.url) == before

@@ -75,61 +75,56 @@ def store_points(points: list[LearningPoint]) -> ArtifactStore:
     return store
 
 
-def test_the_table_has_a_row_per_day_with_base_and_served_figures() -> None:
+def test_the_table_has_a_row_per_day_with_base_candidate_and_served_figures() -> None:
     lines = markdown_table(three_points()).splitlines()
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    assert header == [
-        "day",
-        "served",
-        "candidate",
-        "promoted",
-        "repo_pass_rate base",
-        "repo_pass_rate served",
-        "eval loss base",
-        "eval loss served",
-        "HumanEval pass@1 base",
-        "HumanEval pass@1 served",
-        "note",
+    figures = [
+        "completion edit similarity",
+        "repo_pass_rate",
+        "anchor pass rate",
+        "eval loss",
+        "HumanEval pass@1",
     ]
+    expected = ["day", "served", "candidate", "promoted", "primary p"]
+    for figure in figures:
+        expected += [f"{figure} base", f"{figure} candidate", f"{figure} served"]
+    assert header == [*expected, "note"]
     assert len(lines) == 2 + 3
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-    assert all(len(row) == len(header) for row in rows)
-    assert rows[0] == [
-        "2026-11-01",
-        "base",
-        "no adapter today",
-        "no",
-        "10%",
-        "10%",
-        "1.50",
-        "1.50",
-        "2.5%",
-        "2.5%",
-        "no adapter today: no training rows",
+    rows = [
+        dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in lines[2:]
     ]
-    assert rows[1] == [
-        "2026-11-02",
-        "lanes-2026-11-02",
+    assert [r["day"] for r in rows] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    first, second, third = rows
+    assert (first["served"], first["candidate"], first["promoted"]) == ("base", "no adapter today", "no")
+    assert (first["repo_pass_rate base"], first["repo_pass_rate served"], first["eval loss base"]) == (
+        "10%",
+        "10%",
+        "1.50",
+    )
+    assert first["note"] == "no adapter today: no training rows"
+    assert (second["served"], second["promoted"], second["repo_pass_rate served"]) == (
         "lanes-2026-11-02",
         "yes",
-        "10%",
         "15%",
-        "1.50",
+    )
+    assert (
+        second["eval loss served"],
+        second["HumanEval pass@1 base"],
+        second["HumanEval pass@1 served"],
+    ) == (
         "1.23",
         "2.5%",
         "-",
-        "",
-    ]
-    assert rows[2][:4] == ["2026-11-03", "lanes-2026-11-02", "lanes-2026-11-03", "no"]
-    assert rows[2][6:8] == ["-", "-"]
-    assert rows[2][-1] == "eval loss not judged (too few held-out rows)"
+    )
+    assert (third["candidate"], third["promoted"], third["eval loss base"]) == ("lanes-2026-11-03", "no", "-")
+    assert third["note"] == "eval loss not judged (too few held-out rows)"
 
 
 def test_the_days_line_and_the_plots_metadata() -> None:
     first, second, third = three_points()
     assert learning_line(second) == (
-        "learning 2026-11-02: served lanes-2026-11-02 repo_pass_rate 15% (base 10%), eval loss 1.23 "
-        "(base 1.50), HumanEval - (base 2.5%)"
+        "learning 2026-11-02: served lanes-2026-11-02 completion similarity - (base -), repo_pass_rate 15% "
+        "(base 10%), anchor - (base -), eval loss 1.23 (base 1.50), HumanEval - (base 2.5%)"
     )
     assert learning_line(first).endswith("; no adapter today: no training rows")
     assert "candidate lanes-2026-11-03 not promoted" in learning_line(third)

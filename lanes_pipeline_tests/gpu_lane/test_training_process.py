@@ -24,20 +24,30 @@ from lanes_pipeline.daily.resources import (
     LoraTrainingResource,
     PipelineSettingsResource,
 )
+from lanes_pipeline.dataset.contract import make_row
 from lanes_pipeline.dataset.window import partition_dir
 from lanes_pipeline.dataset.writer import save_rows
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.gpu_lane.client import VllmClient, asleep
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
-from lanes_pipeline.gpu_lane.training.runner import TrainingError, run_training, start_trainer, stop
-from lanes_pipeline.gpu_lane.training.spec import TrainSpec
+from lanes_pipeline.gpu_lane.training.runner import (
+    TrainingError,
+    run_evaluation,
+    run_training,
+    start_trainer,
+    stop,
+)
+from lanes_pipeline.gpu_lane.training.spec import EvalSpec, TrainSpec
 from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK, remove_stale_partials
 from lanes_pipeline.settings import Settings, TrainingConfig, load_settings
 from lanes_pipeline_tests.gpu_lane.fixtures import (
+    ANSWER,
     TRAIN_QUESTIONS,
+    chat,
     codename_rows,
     dataset_spec,
+    random_adapter,
     write_codename_day,
     write_nothing_held_out,
 )
@@ -317,9 +327,9 @@ def test_a_window_without_enough_training_rows_is_a_day_without_adapter(
 def test_a_candidate_without_eval_rows_is_trained_but_not_promoted(
     settings: Settings, tmp_path: Path
 ) -> None:
-    """Training rows but no held-out rows (and no held-out repository tasks): the day succeeds, the
-    candidate is not promoted, the reasons are in the metadata and the registry; the eval subprocess and
-    vLLM are not needed for that (without repository tasks no figure could promote it)."""
+    """Training rows but no held-out rows (and no held-out function, so no completion point): the day
+    succeeds, the candidate is not promoted, the reasons are in the metadata and the registry; the eval
+    subprocess and vLLM are not needed for that (without its primary figure nothing could promote it)."""
     save_rows(partition_dir(tmp_path / "artifacts", DAY), codename_rows(TRAIN_QUESTIONS), [])
     write_nothing_held_out(tmp_path / "artifacts", DAY)
     resources = _offline_resources(settings, tmp_path, max_steps=1, device="cpu")
@@ -336,9 +346,9 @@ def test_a_candidate_without_eval_rows_is_trained_but_not_promoted(
     assert any(message.startswith("step 1/1 loss ") for message in logged), logged
     assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     evaluation = _metadata(result, "adapter_evaluation")
-    assert evaluation["promote"] is False and evaluation["eval_loss_judged"] is False
-    assert "fewer than min_eval_rows" in evaluation["reasons"]
-    assert "repo_pass_rate was not measured (no held-out repository tasks)" in evaluation["reasons"]
+    assert evaluation["promote"] is False and evaluation["eval_loss_measured"] is False
+    assert evaluation["requests"] == 0
+    assert "completion_edit_similarity vs base: not measured (no paired tasks)" in evaluation["reasons"]
     version = resources["adapter_registry"].registry().get(f"lanes-{DAY}")
     assert version.status == "rejected" and "min_eval_rows" in version.evaluation["unjudged"]
 
@@ -385,3 +395,39 @@ def test_our_assistant_loss_equals_the_models_own(settings: Settings) -> None:
             ours = assistant_loss(model, tensors(batch, "cpu"), items)
             theirs = model(**tensors(batch, "cpu"), num_items_in_batch=items).loss
         assert float(ours) == pytest.approx(float(theirs), rel=1e-4)
+
+
+def test_the_eval_loss_by_task_kind_adds_up_to_the_overall_loss(settings: Settings, tmp_path: Path) -> None:
+    """The eval process on a two-day window with more held-out rows than eval_max_samples: a stratified
+    sample of the scorable rows (the newest day's kind in), a loss per task kind for each model, which
+    weighted by its assistant tokens gives the overall loss the promotion compares."""
+    base = engines.embedded_hf_model(settings.data_dir).resolve()
+    train = codename_rows(TRAIN_QUESTIONS[:2])
+    held_out = {
+        # A refactor_diff row whose answer starts past max_seq_len (512) cannot be scored: not sampled.
+        DAY - timedelta(days=1): [("explain", q) for q in TRAIN_QUESTIONS[2:6]]
+        + [("write_body", "Body?"), ("refactor_diff", "Refactor: " + "x = 1\n" * 600)],
+        DAY: [("explain", TRAIN_QUESTIONS[6]), ("write_tests", "Tests?")],
+    }
+    dirs = []
+    for day, rows in held_out.items():
+        eval_rows = [make_row(chat(question, ANSWER), task) for task, question in rows]
+        dirs.append(str(save_rows(partition_dir(tmp_path, day), train, eval_rows)))
+    adapter = random_adapter(base, tmp_path / "adapter", seed=3)
+    spec = EvalSpec(
+        training=TrainingConfig(device="cpu", eval_max_samples=5),
+        base_model_dir=str(base),
+        dataset_dirs=dirs,
+        adapters={"candidate": str(adapter)},
+    )
+    report = run_evaluation(spec, tmp_path / "eval.log")
+    assert (report.rows, report.scorable_rows, report.samples) == (8, 7, 5)
+    assert report.samples_by_kind == {"explain": 3, "write_body": 1, "write_tests": 1}
+    assert [r.model for r in report.results] == ["base", "candidate"]
+    for result in report.results:
+        assert set(result.by_kind) == {"explain", "write_body", "write_tests"}
+        assert result.samples_by_kind == report.samples_by_kind
+        assert sum(result.tokens_by_kind.values()) == result.tokens
+        weighted = sum(result.by_kind[k] * result.tokens_by_kind[k] for k in result.by_kind) / result.tokens
+        assert weighted == pytest.approx(result.loss, abs=1e-4)
+    assert report.results[0].by_kind != report.results[1].by_kind  # the adapter changes the losses
