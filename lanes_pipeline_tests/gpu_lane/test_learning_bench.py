@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import date
 from pathlib import Path
 
+import pytest
+
 from lanes_pipeline.bench.learning import summarize, targets, variant_configs
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
-from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint
+from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint, paired_decision
 from lanes_pipeline.settings import default_config_dir, load_settings
 
 
@@ -39,11 +41,32 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
         ),
         LearningPoint(day=date(2026, 11, 3), served="lanes-2026-11-02", note="no training rows"),
     ]
-    out = summarize(points, registry, {"base": 0.0, "served": 0.0})
-    assert out["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    decision = paired_decision(
+        {
+            "base": {"completion_edit_similarity": {f"p{i}": 0.2 for i in range(8)}},
+            "candidate": {"completion_edit_similarity": {f"p{i}": 0.5 for i in range(8)}},
+        },
+        "completion_edit_similarity",
+        0.05,
+        {},
+    )
+    out = summarize(points, registry, {"base": 0.0, "served": 0.0}, {"2026-11-02": decision})
+    assert [d["day"] for d in out["days"]] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    assert out["days"][0]["decision"] == "no adapter" and out["days"][0]["p_value"] is None
+    judged = out["days"][1]
+    assert (judged["decision"], judged["primary_figure"]) == ("promote", "completion_edit_similarity")
+    assert (judged["wins"], judged["losses"], judged["ties"], judged["against"]) == (8, 0, 0, "base")
+    assert judged["p_value"] == pytest.approx(1 / 256)
     assert out["served_version"] == "lanes-2026-11-02"
-    assert out["base"] == {"repo_pass_rate": 0.1, "eval_loss": 2.0, "humaneval_pass1": 0.0}
-    assert out["served"] == {"repo_pass_rate": 0.2, "eval_loss": 1.0, "humaneval_pass1": 0.0}
+    keys = {"repo_pass_rate", "eval_loss", "humaneval_pass1", "anchor_pass_rate", "completion_exact_match"}
+    assert keys | {"completion_edit_similarity"} <= set(out["base"])
+    assert (out["base"]["repo_pass_rate"], out["base"]["eval_loss"], out["base"]["humaneval_pass1"]) == (
+        0.1,
+        2.0,
+        0.0,
+    )
+    assert (out["served"]["repo_pass_rate"], out["served"]["eval_loss"]) == (0.2, 1.0)
+    assert out["tasks"] == {"repo": 0, "anchor": 0, "completion_points": 0, "humaneval": 0}
     assert out["promotions"] == 0 and out["rejections"] == 0  # the registry is empty here
     assert out["targets"]["repo_pass_rate_at_least_base_plus_10_points"]["met"] is True
 
