@@ -327,7 +327,7 @@ def adapter_evaluation(
             "current": measured.current,
             "models": measured.models,
             "figures": {label: f.model_dump(mode="json") for label, f in figures.items()},
-            "losses": {measured.models[label]: loss.model_dump() for label, loss in measured.losses.items()},
+            "losses": {label: loss.model_dump() for label, loss in measured.losses.items()},
             "tasks": tasks.sizes(),
             "not_tasks": tasks.not_tasks,
             "eval_samples": config.eval_max_samples,

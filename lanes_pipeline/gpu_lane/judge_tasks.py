@@ -122,9 +122,7 @@ def _humaneval_plan(tasks: DayTasks, config: ExecutedEvalConfig) -> TaskSetPlan:
     ]
 
     def answer(client: OpenAIClient, model: str, wanted: list[int], known: Verdicts) -> dict[int, TaskAnswer]:
-        said = {
-            i: answer for i, answer in zip(wanted, _ask(client, model, asked, wanted, config), strict=True)
-        }
+        said = {i: given for i, given in zip(wanted, _ask(client, model, asked, wanted, config), strict=True)}
         priors = {i: known.get((keys[i], said[i].text)) for i in wanted}
         out = {i: _reused(asked[i].name, said[i], p) for i, p in priors.items() if p is not None}
         todo = [i for i in wanted if i not in out]

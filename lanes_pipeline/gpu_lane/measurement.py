@@ -176,18 +176,22 @@ def measure(
     recorded = _recorded(candidate, measurement_inputs(config, tasks), registry)
     if recorded is not None:
         current = registry.get(recorded["current"]) if recorded["current"] else None
-        named = {model: EvalLoss.model_validate(loss) for model, loss in recorded["losses"].items()}
+        losses = {label: EvalLoss.model_validate(loss) for label, loss in recorded["losses"].items()}
         scored, unjudged = recorded.get("eval_samples_scored", 0), recorded.get("unjudged")
         context.log.info(f"{candidate.name} was measured with these inputs already: its eval losses reused")
     else:
         current = current_version(registry, gpu_lane.alias_name, candidate)
         named, scored, unjudged = _eval_losses(context, candidate, current, config, base_dir, dirs)
+        # The eval process names the base "base" and each adapter by its version name.
+        evaluated = {"base": "base", "candidate": candidate.name} | (
+            {"current": current.name} if current else {}
+        )
+        losses = {label: named[model] for label, model in evaluated.items() if model in named}
     base_name = gpu_lane.config.served_model_name
     models = {"base": base_name, "candidate": candidate.name} | ({"current": current.name} if current else {})
     identity = {"base": base_identity(base_name, base_dir), "candidate": version_identity(candidate)} | (
         {"current": version_identity(current)} if current else {}
     )
-    losses = {label: named[model] for label, model in models.items() if model in named}
     current_name = current.name if current else None
     primary = config.evaluation.primary_figure
     if not primary_measurable(primary, tasks, unjudged):

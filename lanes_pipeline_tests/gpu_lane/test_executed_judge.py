@@ -1,12 +1,17 @@
-"""The promotion gate decided by executed tasks, on the real vLLM and the real sandbox (issue 26 (h)).
+"""The paired promotion rule on the real vLLM and the real sandbox: a planted better candidate is promoted
+and a planted worse one rejected (issue 27).
 
-Both tolerances are 0 and the eval loss is out of the decision (the day has no held-out rows, so only the
-executed figures judge). The current adapter (promoted the day before, behind the alias) and the candidate
-are two real PEFT adapters made without training: one with PEFT's own initialisation (B = 0: it answers
-exactly as the base model, which writes the held-out function correctly) and one with random weights (its
-answers are garbled). Each is asked through vLLM and its answer run against the repository's tests:
-- the garbled candidate against the correct current: it fails the task the current passes, rejected;
-- the correct candidate against the garbled current: it passes the task the current fails, promoted.
+The day's held-out functions are the shipped sample's `seqtools.py` (its completion points: the editor's
+figure, the default primary) and the tiny shapes repository's `double` (a repository task); one anchor
+task and one HumanEval problem are asked too, so every task set is answered, judged and kept. Two real
+PEFT adapters are planted:
+- *better*: trained for ten epochs on the judged completion prompts followed by their next lines (it was
+  shown the answers), so it continues those held-out lines far more often than the base;
+- *garbled*: random weights, no training: its continuations are noise.
+The guards' margins are wide here (a memorised file may cost a 135M model its one HumanEval answer; the
+guards are proven in test_promotion_rule): what is under test is that the paired test on real answers
+promotes the better candidate against the base, and rejects the garbled one against the better adapter
+once that is served.
 """
 
 from __future__ import annotations
@@ -19,14 +24,21 @@ from typing import Any
 import pytest
 from dagster import DagsterInstance, materialize
 
+from lanes_pipeline.dataset.completion_points import CompletionPoint, day_points
+from lanes_pipeline.dataset.contract import completion_prompt
+from lanes_pipeline.dataset.held_out_tasks import HeldOutDay
+from lanes_pipeline.dataset.holdout_rules import held_out_symbols
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
-from lanes_pipeline.gpu_lane.resources import (
-    REGISTRY_FILE,
-)
+from lanes_pipeline.gpu_lane.completion import point_prefix
+from lanes_pipeline.gpu_lane.evaluation_record import day_report, read_answers
+from lanes_pipeline.repos.sample_repo import HERE as SAMPLE_DIR
+from lanes_pipeline.repos.scan import scan_repo
+from lanes_pipeline.repos.symbols import all_symbols
 from lanes_pipeline.settings import Settings, load_settings
+from lanes_pipeline.store import ArtifactStore
 from lanes_pipeline_tests.gpu_lane.fixtures import (
     dataset_spec,
     gpu_resources,
@@ -37,40 +49,106 @@ from lanes_pipeline_tests.gpu_lane.fixtures import (
 adapter_evaluation = daily_assets(load_settings())["adapter_evaluation"]
 
 DAY = date(2026, 11, 6)
-# `double` of the shapes repository ("Twice x."): the base model writes it correctly, greedy.
-TASK = "shapes:body:shapes.py::double"
+MODULE = "seqtools.py"
+EVALUATION = {
+    "primary_figure": "completion_edit_similarity",
+    "alpha": 0.05,
+    "margins": {"repo_pass_rate": 1.0, "anchor_pass_rate": 1.0, "humaneval_pass1": 1.0},
+    "anchor_tasks": 1,
+    "humaneval_problems": 1,
+    "max_tokens": 32,
+    # Ten points with short prompts: the planted adapter learns them in about a minute on two cores, and
+    # ten paired wins without a loss are p = 0.001 by Wilcoxon's test.
+    "max_completion_points": 10,
+    "completion_context_chars": 200,
+}
 
 
 @dataclass(frozen=True)
 class Adapters:
-    correct: Path  # B = 0: the base model's answers
-    garbled: Path  # random weights
+    better: Path
+    garbled: Path
+
+
+def memorised_adapter(
+    base_model_dir: Path, out_dir: Path, shown: list[tuple[str, str]], epochs: int = 6
+) -> Path:
+    """A real PEFT LoRA trained on (prompt, next line) pairs as plain continuation, what the completions
+    endpoint asks. The two are tokenized apart, as the server sees a prompt that ends at its newline: one
+    text would merge the newline with the next line's indentation into tokens the server never shows."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+    modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=modules, task_type="CAUSAL_LM")
+    model = get_peft_model(model, config)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    model.train()
+    examples = []
+    for prompt, line in shown:
+        asked, answer = tokenizer(prompt).input_ids, tokenizer(line + "\n").input_ids
+        ids = torch.tensor([asked + answer])
+        labels = torch.tensor([[-100] * len(asked) + answer])  # learn the line, not the prompt
+        examples.append((ids, labels))
+    for _ in range(epochs):
+        for ids, labels in examples:
+            model(input_ids=ids, labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def day_points_and_sources() -> tuple[list[CompletionPoint], dict[str, str]]:
+    """Every function of seqtools.py held out, cut into completion points."""
+    sources = {MODULE: (SAMPLE_DIR / "day3" / MODULE).read_text(encoding="utf-8")}
+    symbols = held_out_symbols("sample", all_symbols(scan_repo(sources)), 100)
+    return day_points("sample", symbols, sources)
 
 
 @pytest.fixture(scope="module")
 def adapters(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Adapters:
     base = engines.embedded_hf_model(settings.data_dir)
     root = tmp_path_factory.mktemp("judge-adapters")
+    points, texts = day_points_and_sources()
+    points = sorted(points, key=lambda p: p.id)[: int(EVALUATION["max_completion_points"])]  # those judged
+    sources = {"sample": texts}
+    chars = int(EVALUATION["completion_context_chars"])
+    shown = [(completion_prompt(p.path, point_prefix(p, sources), chars), p.expected) for p in points]
     return Adapters(
-        correct=random_adapter(base, root / "correct", seed=1, identity=True),
+        better=memorised_adapter(base, root / "better", shown),
         garbled=random_adapter(base, root / "garbled", seed=2),
     )
 
 
-def _judge(root: Path, url: str, settings: Settings, current: Path, candidate: Path) -> dict[str, Any]:
-    """The day's adapter_evaluation with `current` promoted the day before (behind the alias) and
-    `candidate` the day's version: the evaluation it recorded."""
+def write_day(root: Path) -> HeldOutDay:
+    """held_out.json of the day: `double` of shapes as the repository task, every function of seqtools.py
+    held out as completion points."""
     held = write_held_out_tasks(root / "artifacts", DAY, root / "shapes", only="double")
-    assert [f"{f.repo}:body:{f.symbol.id}" for f in held.functions] == [TASK], held.functions
-    tolerances = {"humaneval_tolerance": 0.0, "repo_pass_tolerance": 0.0}
-    resources = gpu_resources(
-        root, url, settings, {}, {"humaneval_problems": 1, "max_tokens": 32, **tolerances}
+    points, texts = day_points_and_sources()
+    day = held.model_copy(update={"completion_points": points, "sources": {"sample": texts}})
+    ArtifactStore(root / "artifacts").write_json(
+        "held_out_tasks", DAY.isoformat(), "held_out.json", day.model_dump(mode="json")
     )
+    return day
+
+
+def judge(root: Path, url: str, settings: Settings, candidate: Path, current: Path | None) -> dict[str, Any]:
+    """adapter_evaluation of the day for `candidate`, with `current` promoted the day before (if any)."""
+    day = write_day(root)
+    assert len(day.completion_points) >= 25, len(day.completion_points)
+    resources = gpu_resources(root, url, settings, {}, EVALUATION)
     registry: AdapterRegistry = resources["adapter_registry"].registry()
-    alias = settings.lanes.gpu_lane.alias_name
-    yesterday = registry.add("judge-current", DAY - timedelta(days=1), current, "current", {})
-    registry.record_move(alias, yesterday.name, "the day before's promotion", {yesterday.name: "promoted"})
-    today = registry.add("judge-candidate", DAY, candidate, "candidate", {})
+    if current is not None:
+        yesterday = registry.add("judge-current", DAY - timedelta(days=1), current, "current", {})
+        registry.record_move(
+            settings.lanes.gpu_lane.alias_name, yesterday.name, "the day before", {yesterday.name: "promoted"}
+        )
+    registry.add("judge-candidate", DAY, candidate, "candidate", {})
     result = materialize(
         [dataset_spec(), adapter_evaluation],
         partition_key=DAY.isoformat(),
@@ -78,45 +156,41 @@ def _judge(root: Path, url: str, settings: Settings, current: Path, candidate: P
         instance=DagsterInstance.ephemeral(),
     )
     assert result.success
-    evaluation = registry.get(today.name).evaluation
-    assert evaluation["current"] == yesterday.name and evaluation["unjudged"], evaluation
-    assert (root / "adapters" / REGISTRY_FILE).exists()
-    return evaluation
+    return registry.get("judge-candidate").evaluation
 
 
-def _task_passed(evaluation: dict[str, Any], label: str) -> bool:
-    outcomes = evaluation["pass_rates"][label]["repo"]["outcomes"]
-    assert outcomes, f"{label}: no repository task was run"
-    [outcome] = [o for o in outcomes if o["name"] == TASK]
-    return outcome["passed"]
-
-
-def _repo_reason(evaluation: dict[str, Any]) -> str:
-    [reason] = [r for r in evaluation["decision"]["reasons"] if r.startswith("repo_pass_rate")]
-    return reason
-
-
-def test_a_candidate_that_fails_a_task_the_current_adapter_passes_is_rejected(
+def test_a_planted_better_candidate_is_promoted_by_the_paired_test(
     adapters: Adapters, gpu_server: EmbeddedServer, settings: Settings, tmp_path: Path
 ) -> None:
-    evaluation = _judge(tmp_path, gpu_server.url, settings, adapters.correct, adapters.garbled)
-    figures = evaluation["figures"]
-    assert _task_passed(evaluation, "current") and not _task_passed(evaluation, "candidate"), evaluation
-    assert figures["candidate"]["repo_pass_rate"] < figures["current"]["repo_pass_rate"]
-    assert evaluation["decision"]["promote"] is False, evaluation["decision"]
-    assert "is below the current adapter's" in _repo_reason(evaluation)
-    registry = AdapterRegistry(tmp_path / "adapters" / REGISTRY_FILE)
+    evaluation = judge(tmp_path, gpu_server.url, settings, adapters.better, current=None)
+    decision = evaluation["decision"]
+    [primary] = [c for c in decision["comparisons"] if c["figure"] == "completion_edit_similarity"]
+    assert primary["against"] == "base" and primary["n"] == evaluation["tasks"]["completion"]
+    assert primary["wins"] > primary["losses"] and primary["p_better"] < 0.05, primary
+    assert primary["difference"] > 0 and primary["interval"][1] > 0, primary
+    assert decision["promote"] is True, decision["reasons"]
+    # every answer of every task set kept, for both models, with its verdict
+    store = ArtifactStore(tmp_path / "artifacts")
+    record = read_answers(store, DAY.isoformat())
+    for label in ("base", "candidate"):
+        sizes = {name: len(given) for name, given in record.labels[label].task_sets.items()}
+        assert sizes == evaluation["tasks"] and all(sizes.values()), sizes
+    report = day_report(store, DAY.isoformat())
+    assert "judge-candidate promoted" in report and "candidate won" in report
+
+
+def test_a_planted_worse_candidate_is_rejected_against_the_served_adapter(
+    adapters: Adapters, gpu_server: EmbeddedServer, settings: Settings, tmp_path: Path
+) -> None:
+    evaluation = judge(tmp_path, gpu_server.url, settings, adapters.garbled, current=adapters.better)
+    decision = evaluation["decision"]
+    assert evaluation["current"] == "judge-current" and decision["promote"] is False
+    [against_current] = [
+        c
+        for c in decision["comparisons"]
+        if c["figure"] == "completion_edit_similarity" and c["against"] == "current"
+    ]
+    assert against_current["losses"] > against_current["wins"] and against_current["difference"] < 0
+    assert any("vs current" in r and "not shown better" in r for r in decision["reasons"])
+    registry = AdapterRegistry(tmp_path / "adapters" / "registry.sqlite")
     assert registry.get("judge-candidate").status == "rejected"
-
-
-def test_a_candidate_that_passes_a_task_the_current_adapter_fails_is_promoted(
-    adapters: Adapters, gpu_server: EmbeddedServer, settings: Settings, tmp_path: Path
-) -> None:
-    evaluation = _judge(tmp_path, gpu_server.url, settings, adapters.garbled, adapters.correct)
-    figures = evaluation["figures"]
-    assert _task_passed(evaluation, "candidate") and not _task_passed(evaluation, "current"), evaluation
-    assert figures["candidate"]["repo_pass_rate"] > figures["current"]["repo_pass_rate"]
-    # The correct adapter answers as the base: the forgetting guard holds at tolerance 0.
-    assert figures["candidate"]["humaneval_pass1"] >= figures["base"]["humaneval_pass1"]
-    assert evaluation["decision"]["promote"] is True, evaluation["decision"]
-    assert "the current adapter's" in _repo_reason(evaluation)
