@@ -9,7 +9,7 @@ CLI would send through the chat endpoint, in the same chat format the adapter wa
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -78,20 +78,6 @@ def answers(
     with ThreadPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
         texts = list(pool.map(lambda t: ask(client, model, t, max_tokens), tasks))
     return {task.name: text for task, text in zip(tasks, texts, strict=True)}
-
-
-def pass_rate(
-    client: OpenAIClient,
-    model: str,
-    tasks: Sequence[CodeTask],
-    judge: Callable[[CodeTask, str], TaskOutcome],
-    max_tokens: int,
-    workers: int,
-) -> PassRate:
-    """Ask, then run each answer through `judge` (the sandbox), one after the other: the sandbox runs are
-    CPU-bound and the machine has few cores."""
-    texts = answers(client, model, tasks, max_tokens, workers)
-    return PassRate.of(model, [judge(task, texts[task.name].text) for task in tasks])
 
 
 def judged(outcome: TaskOutcome, answer: Answer) -> TaskAnswer:

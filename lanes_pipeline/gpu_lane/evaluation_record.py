@@ -7,13 +7,16 @@ with the tasks whose outcome changed and both answers. Pure apart from reading a
 from __future__ import annotations
 
 from datetime import date
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
 from lanes_pipeline.gpu_lane.judged import EvalLoss, TaskAnswer
 from lanes_pipeline.gpu_lane.promotion import FIGURES, Decision, Scores, figure_scores
 from lanes_pipeline.store import ArtifactStore
+
+if TYPE_CHECKING:  # only for the annotation: this module stays free of the lanes' I/O
+    from lanes_pipeline.gpu_lane.measurement import Measured
 
 EVALUATION_ASSET = "adapter_evaluation"
 ANSWERS_FILE, EVALUATION_FILE = "answers.json", "evaluation.json"
@@ -40,8 +43,8 @@ class DayAnswers(BaseModel):
         }
 
 
-def write_answers(store: ArtifactStore, day: date, measured: Any) -> None:
-    """`measured`: a measurement.Measured (typed loosely: this module stays free of the lanes' I/O)."""
+def write_answers(store: ArtifactStore, day: date, measured: Measured) -> None:
+    """The day's answers.json from what was measured."""
     record = DayAnswers(
         day=day,
         candidate=measured.models["candidate"],
