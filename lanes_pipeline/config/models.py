@@ -367,7 +367,7 @@ class ExecutedEvalConfig(StrictModel):
         "completion_edit_similarity",
         description="the figure a candidate must be better on than the base and the current adapter",
     )
-    alpha: float = Field(0.05, gt=0, lt=1, description="one-sided level of the primary figure's paired test")
+    alpha: float = Field(0.05, gt=0, le=1, description="the paired test's one-sided level; 1: no test")
     margins: GuardMargins = GuardMargins()
     humaneval_problems: int | None = Field(
         None,

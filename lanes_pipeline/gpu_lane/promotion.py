@@ -137,7 +137,7 @@ def _describe(c: PairedComparison) -> str:
 def _primary_reason(c: PairedComparison, alpha: float) -> tuple[bool, str]:
     if c.n == 0:
         return False, f"{c.figure} vs {c.against}: not measured (no paired tasks): not promoted"
-    better = c.p_better < alpha
+    better = c.p_better < alpha or alpha >= 1  # alpha 1: measured is enough (the guards still hold)
     verdict = "better" if better else "not shown better"
     return better, f"{_describe(c)}: {verdict}, one-sided {c.test} p = {c.p_better:.4g} (alpha {alpha:g})"
 

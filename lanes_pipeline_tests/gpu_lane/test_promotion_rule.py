@@ -159,3 +159,11 @@ def test_the_learning_point_follows_what_the_alias_serves_after_the_day() -> Non
     assert first.served == "base" and first.served_figures == base
     quiet = learning_point(day, None, None, {}, "lanes-2026-11-01", note="no training rows")
     assert quiet.candidate is None and quiet.note == "no training rows" and quiet.base == Figures()
+
+
+def test_alpha_one_promotes_a_measured_candidate_within_the_guards_without_a_test() -> None:
+    same = {"base": model(BASE), "candidate": model(BASE)}
+    assert not paired_decision(same, "completion_edit_similarity", 0.05, MARGINS).promote
+    assert paired_decision(same, "completion_edit_similarity", 1.0, MARGINS).promote
+    forgot = {"base": model(BASE), "candidate": model(BASE, repo=(3, 20))}
+    assert not paired_decision(forgot, "completion_edit_similarity", 1.0, MARGINS).promote
