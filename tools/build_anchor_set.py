@@ -52,6 +52,24 @@ from lanes_pipeline.repos.symbols import Symbol, names_in
 from lanes_pipeline.sandbox.isolation import REPORT_PLUGIN, export_commit
 
 MAX_TESTS = 20  # tests per task: enough to judge, few enough that one judge run stays about a second
+BOLTONS_MODULES = (
+    "dictutils",
+    "fileutils",
+    "formatutils",
+    "funcutils",
+    "iterutils",
+    "listutils",
+    "mathutils",
+    "queueutils",
+    "setutils",
+    "statsutils",
+    "strutils",
+    "tableutils",
+    "timeutils",
+    "typeutils",
+    "urlutils",
+)
+BOLTONS_MORE_TESTS = ("funcutils_fb", "funcutils_fb_py3", "statsutils_histogram")
 RUN_TIMEOUT_S = 600
 # As isolation.run_pytest_outcomes runs pytest in the sandbox, with the same reporting plugin.
 PYTEST_ARGS = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "lanes_sandbox_report")
@@ -118,49 +136,9 @@ SOURCES = (
         name="boltons",
         version="24.1.0",
         licence="BSD-3-Clause",
-        modules=tuple(
-            f"boltons/{m}.py"
-            for m in (
-                "dictutils",
-                "fileutils",
-                "formatutils",
-                "funcutils",
-                "iterutils",
-                "listutils",
-                "mathutils",
-                "queueutils",
-                "setutils",
-                "statsutils",
-                "strutils",
-                "tableutils",
-                "timeutils",
-                "typeutils",
-                "urlutils",
-            )
-        ),
-        tests=tuple(
-            f"tests/test_{m}.py"
-            for m in (
-                "dictutils",
-                "fileutils",
-                "formatutils",
-                "funcutils",
-                "funcutils_fb",
-                "funcutils_fb_py3",
-                "iterutils",
-                "listutils",
-                "mathutils",
-                "queueutils",
-                "setutils",
-                "statsutils",
-                "statsutils_histogram",
-                "strutils",
-                "tableutils",
-                "timeutils",
-                "typeutils",
-                "urlutils",
-            )
-        ),
+        modules=tuple(f"boltons/{m}.py" for m in BOLTONS_MODULES),
+        # each module's own test module, and the three that test one of them further
+        tests=tuple(f"tests/test_{m}.py" for m in sorted((*BOLTONS_MODULES, *BOLTONS_MORE_TESTS))),
         omit={
             "tests/conftest.py": "its pytest_ignore_collect(path) hook is refused by pytest 9; it only "
             "skips `_py2` test modules, and the sdist has none"

@@ -152,7 +152,7 @@ def version_identity(version: Version) -> str:
     return f"{version.name}-{sha256_bytes((version.path + version.created_at).encode())[:8]}"
 
 
-def _recorded(candidate: Version, inputs: dict[str, Any], registry: AdapterRegistry) -> dict[str, Any] | None:
+def _recorded(candidate: Version, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """The candidate's earlier measurement with these inputs (a re-run of the day): its verdict stands
     against the version that was current then, and its eval losses are not measured again."""
     evaluation = candidate.evaluation
@@ -173,7 +173,7 @@ def measure(
     """Eval losses first (no vLLM), then every task set's answers of base, current and candidate."""
     config, registry = lora_training.config(), adapter_registry.registry()
     base_dir = lora_training.base_model_path()
-    recorded = _recorded(candidate, measurement_inputs(config, tasks), registry)
+    recorded = _recorded(candidate, measurement_inputs(config, tasks))
     if recorded is not None:
         current = registry.get(recorded["current"]) if recorded["current"] else None
         losses = {label: EvalLoss.model_validate(loss) for label, loss in recorded["losses"].items()}
