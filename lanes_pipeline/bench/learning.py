@@ -6,7 +6,7 @@ symbols, LoRA training, executed evaluation, promotion. Then, on the same vLLM:
 
 - the learning curve: each day's base, candidate and served alias on every figure, from the days'
   learning.json, and `days`: each day's decision with its primary figure's paired test (p-value, wins,
-  losses, ties against the model it had to beat);
+  losses, ties against the model it had to beat) and the seconds its evaluation took;
 - `tasks`: the task sets' sizes of the last judged day (`repo`, `anchor`, `completion_points`,
   `humaneval`);
 - `base` and `served` after the last day: each figure of the last judged day (`repo_pass_rate`,
@@ -155,7 +155,12 @@ def day_decision(point: LearningPoint, decision: Decision | None) -> dict[str, A
         return row | {"decision": "no adapter", "primary_figure": None, "p_value": None, "note": point.note}
     primary = [c for c in decision.comparisons if c.figure == decision.primary]
     binding = max(primary, key=lambda c: c.p_better, default=None)
-    row |= {"decision": "promote" if decision.promote else "reject", "primary_figure": decision.primary}
+    row |= {
+        "decision": "promote" if decision.promote else "reject",
+        "primary_figure": decision.primary,
+        "evaluation_s": point.evaluation_s,
+        "requests": point.requests,
+    }
     if binding is None:
         return row | {"p_value": None, "wins": 0, "losses": 0, "ties": 0}
     return row | {

@@ -11,6 +11,7 @@ retried (`failing_for_good`); a lane that is down or busy is (LANE_RETRY).
 import base64
 import hashlib
 import json
+import time
 from contextlib import nullcontext
 from datetime import date, timedelta
 from pathlib import Path
@@ -316,10 +317,13 @@ def adapter_evaluation(
                 metadata={"candidate": "none", "promote": False, "no_adapter": outcome.reason, **learning}
             )
         candidate = registry.get(outcome.version)
+        started = time.monotonic()
         tasks = day_tasks(store, day, config, pipeline_settings.load())
         inputs = measurement_inputs(config, tasks)
         dirs = _window(context, store)
         measured = measure(context, candidate, gpu_lane, lora_training, adapter_registry, dirs, tasks)
+        seconds = round(time.monotonic() - started, 1)
+        requests = sum(n for asked in measured.asked.values() for n in asked.values())
         decision = _decide(measured, config)
         figures = measured.figures()
         evaluation = {
@@ -334,6 +338,8 @@ def adapter_evaluation(
             "eval_samples_scored": measured.eval_samples,
             "unjudged": measured.unjudged,
             "measured_with": inputs,
+            "seconds": seconds,
+            "requests": requests,
             "decision": decision.model_dump(mode="json"),
         }
         registry.record_evaluation(candidate.name, evaluation)
@@ -341,11 +347,12 @@ def adapter_evaluation(
             registry.set_status(candidate.name, "rejected")
         write_answers(store, day, measured)
         store.write_json("adapter_evaluation", context.partition_key, EVALUATION_FILE, evaluation)
-        point = learning_point(day, candidate.name, decision, figures, measured.current)
+        point = learning_point(
+            day, candidate.name, decision, figures, measured.current, evaluation_s=seconds, requests=requests
+        )
         learning = _record_learning(store, point)
     verdict = "promote" if decision.promote else "reject"
     context.log.info(f"{candidate.name}: {verdict}: " + "; ".join(decision.reasons))
-    requests = sum(n for asked in measured.asked.values() for n in asked.values())
     metadata: dict[str, Any] = {
         "candidate": candidate.name,
         "current": measured.current or "none",
@@ -356,6 +363,7 @@ def adapter_evaluation(
         "tasks": MetadataValue.json(tasks.sizes()),
         "not_tasks": len(tasks.not_tasks),
         "requests": requests,
+        "evaluation_s": seconds,
         "eval_loss_measured": measured.unjudged is None,
         "eval_samples_scored": measured.eval_samples,
         "answers": MetadataValue.path(

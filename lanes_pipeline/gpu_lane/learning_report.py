@@ -92,7 +92,7 @@ def markdown_table(points: Sequence[LearningPoint]) -> str:
     header = ["day", "served", "candidate", "promoted", "primary p"]
     for _key, label, _field, _share in _FIGURES:
         header += [f"{label} base", f"{label} candidate", f"{label} served"]
-    header.append("note")
+    header += ["evaluation", "note"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for point in points:
         row = [
@@ -104,7 +104,7 @@ def markdown_table(points: Sequence[LearningPoint]) -> str:
         ]
         for _key, _label, field, share in _FIGURES:
             row += [_format(_value(_side(point, side), field), share) for side, _c, _s in _SIDES]
-        row.append(point.note)
+        row += [_duration(point), point.note]
         lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
     return "\n".join(lines)
 
@@ -129,7 +129,18 @@ def learning_line(point: LearningPoint) -> str:
         line += f"; candidate {point.candidate} not promoted"
         if point.p_value is not None:
             line += f" ({point.primary_figure} p = {point.p_value:.3g})"
+    if point.evaluation_s is not None:
+        line += f"; evaluated in {_duration(point)}"
     return line + (f"; {point.note}" if point.note else "")
+
+
+def _duration(point: LearningPoint) -> str:
+    """How long the day's evaluation took and how many answers it asked vLLM ("-": nothing was judged)."""
+    if point.evaluation_s is None:
+        return "-"
+    minutes, seconds = divmod(round(point.evaluation_s), 60)
+    asked = f", {point.requests} answers asked" if point.requests is not None else ""
+    return f"{minutes} min {seconds:02d} s{asked}"
 
 
 def plot_metadata(point: LearningPoint) -> dict[str, float]:

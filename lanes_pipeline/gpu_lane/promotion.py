@@ -197,6 +197,10 @@ class LearningPoint(BaseModel):
     primary_figure: str | None = None
     p_value: float | None = Field(None, description="the primary figure's largest one-sided p-value")
     note: str = Field("", description="no adapter today and why, or why the candidate was not judged")
+    evaluation_s: float | None = Field(
+        None, description="seconds the day's evaluation took: task sets, every model's answers, eval losses"
+    )
+    requests: int | None = Field(None, description="answers asked of vLLM that day (not the reused ones)")
 
 
 def learning_point(
@@ -206,6 +210,8 @@ def learning_point(
     figures: dict[str, Figures],
     current: str | None,
     note: str = "",
+    evaluation_s: float | None = None,
+    requests: int | None = None,
 ) -> LearningPoint:
     """The day's point: served = the candidate when promoted, else the current adapter, else the base."""
     promoted = bool(decision and decision.promote)
@@ -227,4 +233,6 @@ def learning_point(
         primary_figure=decision.primary if decision else None,
         p_value=decision.primary_p_value() if decision else None,
         note=note,
+        evaluation_s=evaluation_s,
+        requests=requests,
     )

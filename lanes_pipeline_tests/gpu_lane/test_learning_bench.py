@@ -38,6 +38,8 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
             promoted=True,
             base=Figures(eval_loss=2.0, repo_pass_rate=0.1),
             served_figures=Figures(eval_loss=1.0, repo_pass_rate=0.2),
+            evaluation_s=512.5,
+            requests=900,
         ),
         LearningPoint(day=date(2026, 11, 3), served="lanes-2026-11-02", note="no training rows"),
     ]
@@ -57,6 +59,7 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
     assert (judged["decision"], judged["primary_figure"]) == ("promote", "completion_edit_similarity")
     assert (judged["wins"], judged["losses"], judged["ties"], judged["against"]) == (8, 0, 0, "base")
     assert judged["p_value"] == pytest.approx(1 / 256)
+    assert (judged["evaluation_s"], judged["requests"]) == (512.5, 900)
     assert out["served_version"] == "lanes-2026-11-02"
     keys = {"repo_pass_rate", "eval_loss", "humaneval_pass1", "anchor_pass_rate", "completion_exact_match"}
     assert keys | {"completion_edit_similarity"} <= set(out["base"])

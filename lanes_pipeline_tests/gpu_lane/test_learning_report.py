@@ -44,6 +44,8 @@ def three_points() -> list[LearningPoint]:
             promoted=True,
             base=Figures(eval_loss=1.5, repo_pass_rate=0.1, humaneval_pass1=0.025),
             served_figures=Figures(eval_loss=1.234, repo_pass_rate=0.15, humaneval_pass1=None),
+            evaluation_s=754.4,
+            requests=1210,
         ),
         LearningPoint(
             day=date(2026, 11, 3),
@@ -88,7 +90,7 @@ def test_the_table_has_a_row_per_day_with_base_candidate_and_served_figures() ->
     expected = ["day", "served", "candidate", "promoted", "primary p"]
     for figure in figures:
         expected += [f"{figure} base", f"{figure} candidate", f"{figure} served"]
-    assert header == [*expected, "note"]
+    assert header == [*expected, "evaluation", "note"]
     assert len(lines) == 2 + 3
     rows = [
         dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in lines[2:]
@@ -102,6 +104,7 @@ def test_the_table_has_a_row_per_day_with_base_candidate_and_served_figures() ->
         "1.50",
     )
     assert first["note"] == "no adapter today: no training rows"
+    assert (first["evaluation"], second["evaluation"]) == ("-", "12 min 34 s, 1210 answers asked")
     assert (second["served"], second["promoted"], second["repo_pass_rate served"]) == (
         "lanes-2026-11-02",
         "yes",
@@ -124,7 +127,8 @@ def test_the_days_line_and_the_plots_metadata() -> None:
     first, second, third = three_points()
     assert learning_line(second) == (
         "learning 2026-11-02: served lanes-2026-11-02 completion similarity - (base -), repo_pass_rate 15% "
-        "(base 10%), anchor - (base -), eval loss 1.23 (base 1.50), HumanEval - (base 2.5%)"
+        "(base 10%), anchor - (base -), eval loss 1.23 (base 1.50), HumanEval - (base 2.5%); evaluated in "
+        "12 min 34 s, 1210 answers asked"
     )
     assert learning_line(first).endswith("; no adapter today: no training rows")
     assert "candidate lanes-2026-11-03 not promoted" in learning_line(third)
