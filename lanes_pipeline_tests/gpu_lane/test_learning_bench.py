@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.bench.learning import summarize, targets, variant_configs
+from lanes_pipeline.bench.learning import CPU_BUDGET, budget_configs, summarize, targets, variant_configs
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint, paired_decision
 from lanes_pipeline.settings import default_config_dir, load_settings
@@ -81,3 +81,19 @@ def test_a_variant_changes_one_lever_in_a_copy_of_the_configs(tmp_path: Path) ->
     assert changed.model_copy(update={"lora": shipped.lora}) == shipped  # the rest stays
     assert changed.lora.model_copy(update={"r": shipped.lora.r}) == shipped.lora
     assert load_settings(default_config_dir()).training.lora.r == 8  # the shipped configs are untouched
+
+
+def test_the_run_takes_the_cpu_budget_and_a_variant_sets_its_lever_over_it(tmp_path: Path) -> None:
+    budget = CPU_BUDGET["pipeline"]["cpu_assets"]
+    cpu = load_settings(budget_configs(default_config_dir(), tmp_path / "run")).pipeline.cpu_assets
+    assert (cpu.backlog_per_day, cpu.samples_per_item) == (
+        budget["backlog_per_day"],
+        budget["samples_per_item"],
+    )
+    shipped = load_settings(default_config_dir()).pipeline.cpu_assets
+    assert (shipped.backlog_per_day, shipped.samples_per_item) != (cpu.backlog_per_day, cpu.samples_per_item)
+    variant = {"pipeline": {"cpu_assets": {"samples_per_item": 8}}, "training": {"max_steps": 90}}
+    changed = load_settings(budget_configs(default_config_dir(), tmp_path / "variant", variant))
+    assert changed.pipeline.cpu_assets.samples_per_item == 8
+    assert changed.pipeline.cpu_assets.backlog_per_day == budget["backlog_per_day"]
+    assert changed.training.max_steps == 90
