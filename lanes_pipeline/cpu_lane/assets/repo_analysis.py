@@ -24,6 +24,7 @@ from lanes_pipeline.cpu_lane.assets.by_symbol import (
 from lanes_pipeline.cpu_lane.assets.common import day_repos, ratio
 from lanes_pipeline.cpu_lane.assets.repo_snapshot import day_symbols, repo_snapshot
 from lanes_pipeline.cpu_lane.batching.batch_models import DETERMINISTIC_FAILURES, ItemResult
+from lanes_pipeline.cpu_lane.jobs.analysis_checks import analysis_problem
 from lanes_pipeline.cpu_lane.jobs.backlog import RepoCoverage
 from lanes_pipeline.cpu_lane.jobs.day_selection import DaySelection
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
@@ -32,8 +33,6 @@ from lanes_pipeline.cpu_lane.jobs.tasks import (
     SYMBOL_ANALYSIS,
     TASKS_VERSION,
     FileAnalysis,
-    analysis_problem,
-    symbol_defines,
 )
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.artifacts import md_table, write_partition
@@ -62,12 +61,12 @@ def analysis_value(item: ItemResult) -> dict[str, Any]:
 
 
 def symbol_row(symbol: Symbol, blob: str, answer: AnalysisAnswer) -> FileAnalysisRow:
-    """A symbol's row: its answer, and for an analysis whether it is accepted (analysis_problem, with the
-    names the symbol defines as the public API it may name) and why not."""
+    """A symbol's row: its answer, and for an analysis whether it is accepted (analysis_checks) and why
+    not."""
     row = FileAnalysisRow(path=symbol.path, blob=blob, symbol=symbol.name, **answer.model_dump())
     if answer.analysis is None:
         return row
-    problem = analysis_problem(answer.analysis, symbol_defines(symbol))
+    problem = analysis_problem(answer.analysis, symbol)
     return row.model_copy(update={"accepted": problem is None, "reason": problem or ""})
 
 

@@ -18,7 +18,7 @@ from unidiff import PatchSet, UnidiffParseError
 from lanes_pipeline.cpu_lane.jobs.prompts import TaskKind, register
 from lanes_pipeline.repos.symbols import Symbol, SymbolSourceError, definition
 from lanes_pipeline.sandbox.python_source import parse_python
-from lanes_pipeline.sandbox.safety import injection_markers, safe_repo_path, unsafe_calls
+from lanes_pipeline.sandbox.safety import safe_repo_path, unsafe_calls
 from lanes_pipeline.settings import CpuAssetsConfig
 
 # Bump when a task's prompt or checks change in a way that should invalidate remembered results.
@@ -154,33 +154,6 @@ def extract_block(text: str, languages: tuple[str, ...]) -> str:
         if match.group(1).lower() in (*languages, ""):
             return match.group(2)
     return text
-
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
-
-
-def analysis_problem(analysis: FileAnalysis, defined: set[str]) -> str | None:
-    """Why a parsed analysis is not accepted for the dataset (None: accepted).
-
-    The schema only proves the shape. Accepted means: a real summary, no item repeated (a small model
-    that loops repeats itself), every public API entry naming something the file defines (`defined`: its
-    functions, classes and methods, from the outline), and no prompt-injection text.
-    """
-    text = " ".join([analysis.summary, *analysis.public_api, *analysis.risks, *analysis.test_ideas])
-    if len(analysis.summary.split()) < 3:
-        return "summary too short to explain anything"
-    for field in ("public_api", "risks", "test_ideas"):
-        items = [item.strip().lower() for item in getattr(analysis, field)]
-        if len(set(items)) < len(items):
-            return f"{field} repeats itself"
-    for entry in analysis.public_api:
-        match = _NAME.match(entry.strip().strip("`"))
-        name = match.group(0).split(".")[-1] if match else ""
-        if name not in defined:
-            return f"public_api names {entry.strip()[:60]!r}, which the file does not define"
-    if injection_markers(text):
-        return "answer contains prompt-injection text"
-    return None
 
 
 TestRejection = Literal["syntax_error", "unsafe", "trivial"]
