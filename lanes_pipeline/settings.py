@@ -39,16 +39,10 @@ from lanes_pipeline.config.models import (
     ConfigIssue as ConfigIssue,
 )
 from lanes_pipeline.config.models import (
-    CpuAssetsConfig as CpuAssetsConfig,
-)
-from lanes_pipeline.config.models import (
     CpuEngineName as CpuEngineName,
 )
 from lanes_pipeline.config.models import (
     CpuLane as CpuLane,
-)
-from lanes_pipeline.config.models import (
-    DatasetConfig as DatasetConfig,
 )
 from lanes_pipeline.config.models import (
     EmbeddedCpuServer as EmbeddedCpuServer,
@@ -78,9 +72,6 @@ from lanes_pipeline.config.models import (
     ModelsConfig as ModelsConfig,
 )
 from lanes_pipeline.config.models import (
-    PipelineConfig as PipelineConfig,
-)
-from lanes_pipeline.config.models import (
     RepoEntry as RepoEntry,
 )
 from lanes_pipeline.config.models import (
@@ -90,13 +81,22 @@ from lanes_pipeline.config.models import (
     RetryPolicy as RetryPolicy,
 )
 from lanes_pipeline.config.models import (
-    SandboxLimits as SandboxLimits,
-)
-from lanes_pipeline.config.models import (
     StrictModel as StrictModel,
 )
 from lanes_pipeline.config.models import (
     TrainingConfig as TrainingConfig,
+)
+from lanes_pipeline.config.pipeline import (
+    CpuAssetsConfig as CpuAssetsConfig,
+)
+from lanes_pipeline.config.pipeline import (
+    DatasetConfig as DatasetConfig,
+)
+from lanes_pipeline.config.pipeline import (
+    PipelineConfig as PipelineConfig,
+)
+from lanes_pipeline.config.pipeline import (
+    SandboxLimits as SandboxLimits,
 )
 from lanes_pipeline.config.trials import TRIALS_FILE, trials_issues
 

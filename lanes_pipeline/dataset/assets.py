@@ -23,6 +23,7 @@ from lanes_pipeline.daily.resources import (
     LoraTrainingResource,
     PipelineSettingsResource,
 )
+from lanes_pipeline.dataset.contract import check_kinds
 from lanes_pipeline.dataset.held_out_tasks import (
     HELD_OUT_FILE,
     HELD_OUT_TASKS,
@@ -196,6 +197,7 @@ def lora_dataset(
     """Rows for the model the GPU lane trains: its tokenizer and max sequence length come from the same
     resource lora_adapter trains with."""
     dataset_config = pipeline_settings.load().pipeline.dataset
+    check_kinds(list(dataset_config.max_share), "pipeline.yaml: dataset.max_share")
     training = lora_training.config()
     store = artifact_store.store()
     day = context.partition_key
@@ -212,6 +214,7 @@ def lora_dataset(
         load_token_counter(lora_training.base_model_path()) if candidates else _no_tokens,
         training.max_seq_len,
         dataset_config.near_duplicate_threshold,
+        dataset_config.max_share,
     )
     target = store.folder("lora_dataset", day)
     with store.atomic_folder(target) as staging:
@@ -221,7 +224,14 @@ def lora_dataset(
         store,
         "lora_dataset_report",
         day,
-        {"report.json": {"counts": shaped.counts(), "dropped": [d.model_dump() for d in shaped.dropped]}},
+        {
+            "report.json": {
+                "counts": shaped.counts(),
+                "train_shares": shaped.train_shares(),
+                "max_share": dataset_config.max_share,
+                "dropped": [d.model_dump() for d in shaped.dropped],
+            }
+        },
     )
     counts = shaped.counts()
     return MaterializeResult(
@@ -234,6 +244,7 @@ def lora_dataset(
                 row_count=counts["train_rows"] + counts["eval_rows"],
             ).metadata(),
             "max_seq_len": training.max_seq_len,
+            "train_shares": MetadataValue.json(shaped.train_shares()),
             "dropped": md_table(
                 ["task", "repo", "path", "reason", "detail"],
                 [(d.task, d.repo, d.path, d.reason, d.detail) for d in shaped.dropped],

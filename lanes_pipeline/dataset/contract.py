@@ -40,6 +40,13 @@ class DatasetContractError(ValueError):
     """A row or a saved day that does not follow the contract: training on it would train on garbage."""
 
 
+def check_kinds(kinds: Sequence[str], where: str) -> None:
+    """Every name in `kinds` is a task of the contract (a setting keyed by kind, e.g. max_share)."""
+    unknown = sorted(set(kinds) - set(TASKS))
+    if unknown:
+        raise DatasetContractError(f"{where}: unknown kind(s) {unknown}; the kinds are {list(TASKS)}")
+
+
 class Record(BaseModel):
     model_config = ConfigDict(frozen=True)
 

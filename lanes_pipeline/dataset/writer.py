@@ -10,8 +10,10 @@ equal inputs give equal rows and byte-identical files.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,7 +80,7 @@ class Dropped(BaseModel):
     task: Task
     repo: str
     path: str
-    reason: Literal["secret", "prompt_injection", "too_long", "duplicate", "near_duplicate"]
+    reason: Literal["secret", "prompt_injection", "too_long", "duplicate", "near_duplicate", "over_share"]
     detail: str = ""
 
 
@@ -99,11 +101,19 @@ class ShapedDataset(BaseModel):
 
     def counts(self) -> dict[str, int]:
         counts = {"train_rows": len(self.train), "eval_rows": len(self.eval), "cut_to_fit": self.cut_to_fit}
-        for reason in ("secret", "prompt_injection", "too_long", "duplicate", "near_duplicate"):
+        for reason in ("secret", "prompt_injection", "too_long", "duplicate", "near_duplicate", "over_share"):
             counts[f"dropped_{reason}"] = sum(d.reason == reason for d in self.dropped)
         for task in TASKS:
             counts[f"rows_{task}"] = sum(r.task == task for r in [*self.train, *self.eval])
         return counts
+
+    def train_shares(self) -> dict[str, float]:
+        """Each kind's share of the training rows (what max_share caps)."""
+        total = len(self.train)
+        return {
+            task: round(sum(r.task == task for r in self.train) / total, 4) if total else 0.0
+            for task in TASKS
+        }
 
 
 def render(candidate: Candidate, system_prompt: str, code: str | None = None) -> Record:
@@ -193,16 +203,34 @@ def near_duplicates(records: Sequence[Record], threshold: float) -> dict[int, in
     return duplicate_of
 
 
+def allowed_counts(tasks: Sequence[str], max_share: Mapping[str, float]) -> dict[str, int]:
+    """How many rows of each kind stay so that every capped kind holds at most its share of the rows kept:
+    a capped kind over its share is cut to it, which lowers the total and so the others' caps, until
+    nothing moves (a fixed point: the counts only fall)."""
+    allowed = dict(Counter(tasks))
+    moved = True
+    while moved:
+        moved = False
+        total = sum(allowed.values())
+        for task, share in max_share.items():
+            cap = math.floor(share * total + 1e-9)
+            if allowed.get(task, 0) > cap:
+                allowed[task], moved = cap, True
+    return allowed
+
+
 def shape(
     candidates: Sequence[Candidate],
     system_prompt: str,
     count: TokenCounter,
     max_len: int,
     near_threshold: float,
+    max_share: Mapping[str, float] | None = None,
 ) -> ShapedDataset:
-    """Candidates -> train and eval records: scrub, fit, exact and near dedup, split (in that order). The
-    eval split is the rows of held-out symbols; nothing else decides it, so a row never moves between
-    splits from one day to the next."""
+    """Candidates -> train and eval records: scrub, fit, exact and near dedup, split, cap each kind's share
+    of the training rows (in that order; within a kind the first by content hash stay). The eval split is
+    the rows of held-out symbols; nothing else decides it, so a row never moves between splits from one
+    day to the next."""
     dropped: list[Dropped] = []
     fitted: list[tuple[Candidate, Record]] = []
     cut_to_fit = 0
@@ -243,8 +271,18 @@ def shape(
     final = sorted(
         (pair for i, pair in enumerate(unique) if i not in near), key=lambda pair: pair[1].content_hash
     )
+    train = [(c, r) for c, r in final if not c.held_out]
+    allowed = allowed_counts([r.task for _, r in train], max_share or {})
+    kept: list[Record] = []
+    for candidate, record in train:
+        if allowed[record.task] > 0:
+            allowed[record.task] -= 1
+            kept.append(record)
+        else:
+            share = (max_share or {})[record.task]
+            drop(candidate, "over_share", f"{record.task} may hold at most {share:.0%} of the training rows")
     return ShapedDataset(
-        train=[r for c, r in final if not c.held_out],
+        train=kept,
         eval=[r for c, r in final if c.held_out],
         dropped=dropped,
         cut_to_fit=cut_to_fit,

@@ -18,10 +18,12 @@ from lanes_pipeline.cpu_lane.jobs.rows import (
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
 from lanes_pipeline.daily.resources import LoraTrainingResource
 from lanes_pipeline.dataset import window as dataset_window
+from lanes_pipeline.dataset.contract import DatasetContractError, check_kinds
 from lanes_pipeline.dataset.writer import (
     CUT_MARK,
     Candidate,
     TokenCounter,
+    allowed_counts,
     load_token_counter,
     near_duplicates,
     render,
@@ -101,6 +103,38 @@ def test_exact_and_near_duplicates_are_removed(count: TokenCounter) -> None:
         render(_explain("y.py", "one two three four five six seven"), SYSTEM),
     ]
     assert near_duplicates(records, 0.85) == {}
+
+
+def test_a_capped_kind_holds_at_most_its_share_of_the_training_rows(count: TokenCounter) -> None:
+    assert allowed_counts(["write_body"] * 3 + ["write_tests"] * 4, {"write_tests": 0.25}) == {
+        "write_body": 3,
+        "write_tests": 1,
+    }
+    # only capped kinds: each cut lowers the total, and so the other's cap, until nothing moves
+    assert allowed_counts(["explain"] * 4 + ["write_tests"] * 4, {"explain": 0.5, "write_tests": 0.5}) == {
+        "explain": 4,
+        "write_tests": 4,
+    }
+    assert allowed_counts(["explain"] * 4, {"explain": 0.0}) == {"explain": 0}
+    bodies = [
+        Candidate(task="write_body", repo="r", path=f"b{i}.py", code=f"def f{i}(x):\n    ...", answer=f"x{i}")
+        for i in range(3)
+    ]
+    tests = [
+        Candidate(task="write_tests", repo="r", path=f"t{i}.py", code=CODE, answer=f"def test_{i}(): {i}")
+        for i in range(4)
+    ]
+    held = Candidate(
+        task="write_tests", repo="r", path="h.py", code=CODE, answer="def test_h(): 9", held_out=True
+    )
+    shaped = shape([*bodies, *tests, held], SYSTEM, count, 512, 0.85, {"write_tests": 0.25})
+    assert sorted(r.task for r in shaped.train) == ["write_body"] * 3 + ["write_tests"]
+    assert [r.task for r in shaped.eval] == ["write_tests"]  # the eval split is not capped
+    assert [d.reason for d in shaped.dropped] == ["over_share"] * 3
+    assert "at most 25% of the training rows" in shaped.dropped[0].detail
+    assert shaped.train_shares()["write_tests"] == 0.25 and shaped.counts()["dropped_over_share"] == 3
+    again = shape([*reversed(tests), held, *bodies], SYSTEM, count, 512, 0.85, {"write_tests": 0.25})
+    assert again.train == shaped.train  # which rows stay does not depend on the order they came in
 
 
 def test_split_puts_exactly_the_held_out_rows_in_eval_whatever_the_order(count: TokenCounter) -> None:
@@ -231,3 +265,9 @@ def test_a_symbols_analysis_explains_that_symbol_with_its_context_whatever_chang
     assert (found.task, found.symbol, found.code_is_file) == ("explain", "ring", False)
     assert "def ring(r1, r2):" in found.code and "import math" in found.code
     assert "def area(r):" in found.code and "math.pi * r * r" not in found.code  # a callee: its stub only
+
+
+def test_a_share_of_an_unknown_kind_is_named_with_where_it_is_set() -> None:
+    check_kinds(["explain", "write_tests"], "pipeline.yaml: dataset.max_share")
+    with pytest.raises(DatasetContractError, match=r"dataset.max_share: unknown kind\(s\) \['explian'\]"):
+        check_kinds(["explian"], "pipeline.yaml: dataset.max_share")
