@@ -61,6 +61,10 @@ class DatasetConfig(StrictModel):
         "only, and they become the GPU lane's repository tasks",
     )
     near_duplicate_threshold: float = Field(0.85, gt=0, le=1, description="Jaccard of word 5-gram shingles")
+    completion_cuts: int = Field(
+        3, ge=0, description="completion rows per taught function, cut before lines spread over its body"
+    )
+    completion_lines: int = Field(8, ge=1, description="lines of the function a completion row answers with")
     max_share: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
         default_factory=lambda: dict(DEFAULT_MAX_SHARE),
         description="the most of a day's training rows a kind may hold; its rows over it are dropped "

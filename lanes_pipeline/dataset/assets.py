@@ -23,6 +23,7 @@ from lanes_pipeline.daily.resources import (
     LoraTrainingResource,
     PipelineSettingsResource,
 )
+from lanes_pipeline.dataset.completion_rows import completion_rows
 from lanes_pipeline.dataset.contract import check_kinds
 from lanes_pipeline.dataset.held_out_tasks import (
     HELD_OUT_FILE,
@@ -203,10 +204,21 @@ def lora_dataset(
     day = context.partition_key
     candidates = list(load_accepted_work(store, day).candidates)
     splits = load_splits(store, day)
+    context_chars = training.evaluation.completion_context_chars
     for repo, split in sorted(splits.items()):
         for symbol in split.taught:
             with about(f"{repo}: {symbol.id} (lines {symbol.start_line}-{symbol.end_line})"):
                 candidates.append(body_candidate(repo, symbol))
+                if symbol.path in split.files:
+                    candidates += completion_rows(
+                        repo,
+                        symbol,
+                        split.files[symbol.path],
+                        split.held,
+                        context_chars,
+                        dataset_config.completion_cuts,
+                        dataset_config.completion_lines,
+                    )
     candidates = [_routed(c, splits.get(c.repo)) for c in candidates]
     shaped = shape(
         candidates,

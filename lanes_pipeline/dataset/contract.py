@@ -20,8 +20,10 @@ DATASET_ASSET = "lora_dataset"
 SPLITS = ("train", "eval")
 ROLES = {"system", "user", "assistant"}
 
-Task = Literal["explain", "write_tests", "refactor_diff", "write_body", "write_docs"]
-TASKS: tuple[Task, ...] = ("explain", "write_tests", "refactor_diff", "write_body", "write_docs")
+Task = Literal["explain", "write_tests", "refactor_diff", "write_body", "write_docs", "complete"]
+TASKS: tuple[Task, ...] = ("explain", "write_tests", "refactor_diff", "write_body", "write_docs", "complete")
+# A "complete" row is no chat: its user message is the raw text an editor sends (`completion_prompt`), its
+# assistant message the lines that follow; the trainer trains it as plain text, the loss on those lines.
 # `{name}` and `{path}` are the candidate's symbol and file. "write_body" is word for word the request the
 # GPU lane's held-out repository tasks send (gpu_lane/repo_tasks.py renders it through user_prompt), so
 # what the adapter learns from the user's own functions is the task it is judged on.

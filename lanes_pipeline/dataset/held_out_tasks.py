@@ -14,7 +14,7 @@ the body" row unless a repository test that calls it fails at that commit (broke
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -121,6 +121,9 @@ class RepoHoldOut(BaseModel):
         description="functions new or changed at the commit (all on a first day) that no failing repository "
         "test calls: each becomes a 'write the body' row (held-out ones go to eval)",
     )
+    files: dict[str, str] = Field(
+        {}, description="path -> the text at the commit of each file holding a taught function"
+    )
     skipped: dict[str, str] = Field({}, description="symbol id -> why it was skipped (symbols_at)")
     unmaskable: list[str] = Field(
         [],
@@ -224,23 +227,33 @@ def held_out_of_repo(
     taught = [
         s for s in today.symbols if s.id in fresh and all(outcomes.get(t) == "passed" for t in fresh[s.id])
     ]
-    return RepoHoldOut(held=held, functions=_keep_passing(functions, outcomes), taught=taught, **skipped)
+    files = file_texts(location, snapshot.commit, {s.path for s in taught})
+    return RepoHoldOut(
+        held=held, functions=_keep_passing(functions, outcomes), taught=taught, files=files, **skipped
+    )
+
+
+def file_texts(location: Path, commit: str, paths: Collection[str]) -> dict[str, str]:
+    """path -> text at `commit` of the `paths` that are UTF-8 (symbols_at leaves the others out too, so no
+    symbol lies in one), read from git (no checkout)."""
+    if not paths:
+        return {}
+    entries = [e for e in ls_tree(location, commit) if e.path in paths]
+    blobs = read_blobs(location, [e.blob for e in entries])
+    texts = {}
+    for entry in entries:
+        try:
+            texts[entry.path] = blobs[entry.blob].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return texts
 
 
 def completion_of_repo(
     repo: str, location: Path, commit: str, held: Sequence[Symbol]
 ) -> tuple[list[CompletionPoint], dict[str, str]]:
     """The repository's completion points at `commit` (each held-out top-level function cut, with or without
-    tests) and the texts of the files that hold one, read from git (no checkout)."""
-    paths = {s.path for s in held if s.kind == "function"}
-    if not paths:
-        return [], {}
-    entries = [e for e in ls_tree(location, commit) if e.path in paths]
-    blobs = read_blobs(location, [e.blob for e in entries])
-    sources = {}
-    for entry in entries:
-        try:
-            sources[entry.path] = blobs[entry.blob].decode("utf-8")
-        except UnicodeDecodeError:
-            continue  # symbols_at left it out too: no symbol of it is held
-    return day_points(repo, held, sources)
+    tests) and the texts of the files that hold one."""
+    return day_points(
+        repo, held, file_texts(location, commit, {s.path for s in held if s.kind == "function"})
+    )

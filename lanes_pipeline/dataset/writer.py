@@ -117,6 +117,12 @@ class ShapedDataset(BaseModel):
 
 
 def render(candidate: Candidate, system_prompt: str, code: str | None = None) -> Record:
+    if candidate.task == "complete":  # raw text and what follows it, verbatim (indentation is the answer)
+        messages = [
+            {"role": "user", "content": candidate.code if code is None else code},
+            {"role": "assistant", "content": candidate.answer},
+        ]
+        return Record(messages=messages, task="complete", content_hash=content_hash(messages, "complete"))
     messages = [
         {"role": "system", "content": system_prompt},
         {
@@ -144,10 +150,13 @@ def unsafe_reason(record: Record) -> tuple[Literal["secret", "prompt_injection"]
 
 def fit(candidate: Candidate, system_prompt: str, count: TokenCounter, max_len: int) -> Record | None:
     """The record within `max_len` tokens: whole if it fits, else with the file cut at a line (the head
-    kept, a mark added); None when even the empty file does not fit (the answer alone is too long)."""
+    kept, a mark added; for a completion row the tail kept, as an editor cuts it); None when even the
+    empty file does not fit (the answer alone is too long)."""
     whole = render(candidate, system_prompt)
     if count(whole.messages) <= max_len:
         return whole
+    if candidate.task == "complete":
+        return _fit_tail(candidate, system_prompt, count, max_len)
     lines = candidate.code.splitlines()
 
     def cut(n: int) -> Record:
@@ -156,6 +165,26 @@ def fit(candidate: Candidate, system_prompt: str, count: TokenCounter, max_len: 
     if count(cut(0).messages) > max_len:
         return None
     low, high = 0, len(lines) - 1  # the most lines that fit lies in [low, high]
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count(cut(middle).messages) <= max_len:
+            low = middle
+        else:
+            high = middle - 1
+    return cut(low)
+
+
+def _fit_tail(candidate: Candidate, system_prompt: str, count: TokenCounter, max_len: int) -> Record | None:
+    """A completion row within `max_len`: its prompt's first line (`# path`) and as many of the lines
+    right before the cut as fit."""
+    head, *lines = candidate.code.splitlines(keepends=True)
+
+    def cut(n: int) -> Record:  # the last n lines
+        return render(candidate, system_prompt, head + "".join(lines[len(lines) - n :]))
+
+    if count(cut(0).messages) > max_len:
+        return None
+    low, high = 0, len(lines)  # the most lines that fit lies in [low, high]
     while low < high:
         middle = (low + high + 1) // 2
         if count(cut(middle).messages) <= max_len:
@@ -178,6 +207,12 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b)
 
 
+def _compared_text(record: Record) -> str:
+    """What near-duplicate detection compares: a completion row's continuation (rows cut in one file share
+    most of their prompt and still teach different lines), every other row whole."""
+    return record.messages[-1]["content"] if record.task == "complete" else record.text()
+
+
 def near_duplicates(records: Sequence[Record], threshold: float) -> dict[int, int]:
     """index -> index of the earlier record it nearly duplicates (Jaccard of word shingles >= threshold).
 
@@ -185,7 +220,7 @@ def near_duplicates(records: Sequence[Record], threshold: float) -> dict[int, in
     MinHash, has no sampling error that could flip a decision between runs. Records of different tasks are
     never duplicates of each other (the same code explained and tested teaches two different things).
     """
-    sets = [shingles(r.text()) for r in records]
+    sets = [shingles(_compared_text(r)) for r in records]
     kept: list[int] = []
     duplicate_of: dict[int, int] = {}
     for index, current in enumerate(sets):

@@ -97,6 +97,35 @@ def encode_chat(tokenizer: ChatTokenizer, messages: Sequence[dict[str, str]], ma
     return example if example.trained_tokens else None
 
 
+def encode_continuation(
+    tokenizer: ChatTokenizer, prompt: str, continuation: str, max_len: int
+) -> Example | None:
+    """Tokens and labels of a completion row: the raw text an editor sends (no chat template: the GPU
+    lane's completions endpoint sends none) and its continuation, the loss on the continuation only. Cut
+    from the left to `max_len` (the text right before the continuation is what it depends on); None if no
+    continuation token is left."""
+    if not tokenizer.is_fast:
+        raise ValueError(
+            "continuation-only loss needs a fast tokenizer (tokenizer.json) for character offsets"
+        )
+    text = prompt + continuation
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    marks = label_tokens(encoded["offset_mapping"], [(len(prompt), len(text))])
+    ids: list[int] = list(encoded["input_ids"])
+    labels = [token if mark else IGNORE for token, mark in zip(ids, marks, strict=True)]
+    example = Example(input_ids=ids[-max_len:], labels=labels[-max_len:])
+    return example if example.trained_tokens else None
+
+
+def encode_row(tokenizer: ChatTokenizer, row: dict[str, Any], max_len: int) -> Example | None:
+    """A dataset row as the trainer sees it: a "complete" row as raw text and its continuation (its user
+    message is the prompt, its assistant message the continuation), every other kind as a chat."""
+    if row["task"] == "complete":
+        by_role = {m["role"]: m["content"] for m in row["messages"]}
+        return encode_continuation(tokenizer, by_role["user"], by_role["assistant"], max_len)
+    return encode_chat(tokenizer, row["messages"], max_len)
+
+
 def pack(examples: Sequence[Example], max_len: int) -> list[Example]:
     """First-fit-decreasing bins of at most `max_len` tokens. Positions restart in every example, which
     transformers reads as separate sequences (a block-diagonal mask): no attention across examples."""

@@ -8,7 +8,7 @@ import resource
 from collections.abc import Sequence
 from typing import Any
 
-from lanes_pipeline.gpu_lane.training.data import IGNORE, Collated, Example, encode_chat
+from lanes_pipeline.gpu_lane.training.data import IGNORE, Collated, Example, encode_row
 from lanes_pipeline.settings import LoraSettings, TrainingConfig
 
 
@@ -51,7 +51,7 @@ def load_tokenizer(base_model_dir: str) -> Any:
 def encode_rows(tokenizer: Any, rows: Sequence[dict[str, Any]], max_len: int) -> tuple[list[Example], int]:
     examples, dropped = [], 0
     for row in rows:
-        example = encode_chat(tokenizer, row["messages"], max_len)
+        example = encode_row(tokenizer, row, max_len)
         if example is None:
             dropped += 1
         else:

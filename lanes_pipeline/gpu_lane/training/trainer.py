@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lanes_pipeline.dataset.window import load_split
-from lanes_pipeline.gpu_lane.training.data import collate, dated_rows, encode_chat, eval_sample
+from lanes_pipeline.gpu_lane.training.data import collate, dated_rows, encode_row, eval_sample
 from lanes_pipeline.gpu_lane.training.loop import train_loop
 from lanes_pipeline.gpu_lane.training.model import (
     encode_rows,
@@ -182,7 +182,8 @@ def _fit(
         processes=world.size,
     )
     if training.trainer == "trl":
-        kept = [r for r in rows if encode_chat(tokenizer, r["messages"], training.max_seq_len) is not None]
+        # TRL renders every row as a chat, completion rows included: a baseline, not the served format.
+        kept = [r for r in rows if encode_row(tokenizer, r, training.max_seq_len) is not None]
         result = train_trl(training, spec.base_model_dir, tokenizer, kept, device, dtype, progress)
     else:
         result = train_loop(
@@ -215,8 +216,7 @@ def evaluate(spec: EvalSpec, progress: Progress) -> EvalReport:
     # Sampled among the rows that can be scored (tokenizing is cheap next to the forward passes), so that
     # a row whose answer lies past max_seq_len cannot take a kind's place in the sample.
     encoded = {
-        dated.row["content_hash"]: encode_chat(tokenizer, dated.row["messages"], training.max_seq_len)
-        for dated in window
+        dated.row["content_hash"]: encode_row(tokenizer, dated.row, training.max_seq_len) for dated in window
     }
     scorable = [dated for dated in window if encoded[dated.row["content_hash"]] is not None]
     examples = [
