@@ -385,12 +385,26 @@ class ExecutedEvalConfig(StrictModel):
     workers: int = Field(4, ge=1, description="answers asked of vLLM at once")
 
 
+class StepRange(StrictModel):
+    """The steps a run by epochs may take: a small window still gets `min`, a large one at most `max`."""
+
+    min: int = Field(10, ge=1)
+    max: int = Field(200, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> StepRange:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
 class TrainingConfig(StrictModel):
     base_model_dir: str = Field(EMBEDDED, description="HF folder of the GPU lane's base model")
     lora: LoraSettings = LoraSettings()
-    learning_rate: float = Field(2e-4, gt=0, lt=1)
-    max_steps: int | None = Field(30, ge=1)
-    epochs: float | None = Field(None, gt=0)
+    learning_rate: float = Field(1e-4, gt=0, lt=1)
+    epochs: float | None = Field(2.0, gt=0, description="passes over the window's training rows")
+    step_range: StepRange = StepRange()
+    max_steps: int | None = Field(None, ge=1, description="a fixed number of steps instead of epochs")
     batch_size: int = Field(4, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
     max_seq_len: int = Field(512, ge=32)
@@ -407,7 +421,17 @@ class TrainingConfig(StrictModel):
         ge=1,
         description="trainer processes under launcher accelerate: one per GPU, or CPU processes (gloo)",
     )
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int | None = Field(None, ge=0, description="None: a tenth of the steps")
+    checkpoints: int = Field(
+        3, ge=1, description="points spread over the run where the adapter is scored on the validation rows"
+    )
+    validation_percent: int = Field(
+        10,
+        ge=0,
+        le=50,
+        description="training rows set aside by hash to choose the checkpoint (disjoint from every judged "
+        "task: those are held out); 0: the last checkpoint",
+    )
     gradient_checkpointing: bool = Field(False, description="recompute activations: less memory")
     evaluation: ExecutedEvalConfig = ExecutedEvalConfig()
     eval_max_samples: int = Field(64, ge=1, description="held-out rows scored for eval loss")
@@ -433,6 +457,14 @@ class TrainingConfig(StrictModel):
                 "'accelerate' runs our loop only (trainer: loop); trainer: trl runs with launcher: single"
             )
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fixed_steps_replace_epochs(cls, data: Any) -> Any:
+        # `max_steps: 30` alone means a fixed run of 30 steps, as it always has: epochs then do not apply.
+        if isinstance(data, dict) and data.get("max_steps") is not None and "epochs" not in data:
+            return {**data, "epochs": None}
+        return data
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:

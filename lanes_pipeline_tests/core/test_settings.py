@@ -162,7 +162,7 @@ BAD_CONFIGS: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
     (
         "steps-and-epochs",
         "training.yaml",
-        _set("epochs", value=1),
+        lambda data: data.update({"epochs": 1, "max_steps": 30}),
         "configs/training.yaml: set exactly one of max_steps and epochs",
     ),
     (

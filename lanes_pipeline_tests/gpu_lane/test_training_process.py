@@ -39,8 +39,8 @@ from lanes_pipeline.gpu_lane.training.runner import (
     stop,
 )
 from lanes_pipeline.gpu_lane.training.spec import EvalSpec, TrainSpec
-from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK, remove_stale_partials
-from lanes_pipeline.settings import Settings, TrainingConfig, load_settings
+from lanes_pipeline.gpu_lane.training.trainer import PARTIAL_MARK, Silent, remove_stale_partials
+from lanes_pipeline.settings import LoraSettings, Settings, TrainingConfig, load_settings
 from lanes_pipeline_tests.gpu_lane.fixtures import (
     ANSWER,
     TRAIN_QUESTIONS,
@@ -431,3 +431,42 @@ def test_the_eval_loss_by_task_kind_adds_up_to_the_overall_loss(settings: Settin
         weighted = sum(result.by_kind[k] * result.tokens_by_kind[k] for k in result.by_kind) / result.tokens
         assert weighted == pytest.approx(result.loss, abs=1e-4)
     assert report.results[0].by_kind != report.results[1].by_kind  # the adapter changes the losses
+
+
+def test_the_adapter_holds_the_checkpoint_the_validation_rows_liked_best(settings: Settings) -> None:
+    """Taught one codename at a high rate, the model grows surer of it at every step, and so worse at rows
+    that answer otherwise: the first checkpoint is the best on them, and the adapter the loop returns is
+    that checkpoint (its validation loss is the curve's minimum), not the last step's."""
+    import torch
+
+    from lanes_pipeline.gpu_lane.training.data import encode_chat
+    from lanes_pipeline.gpu_lane.training.loop import train_loop, validation_loss
+    from lanes_pipeline.gpu_lane.training.model import load_tokenizer
+    from lanes_pipeline_tests.gpu_lane.fixtures import ANSWER, EVAL_QUESTIONS, TRAIN_QUESTIONS, chat
+
+    base = str(engines.embedded_hf_model(settings.data_dir).resolve())
+    tokenizer = load_tokenizer(base)
+    train = [encode_chat(tokenizer, chat(q, ANSWER), 512) for q in TRAIN_QUESTIONS]
+    other = "I do not know any codename; ask the project's maintainers."
+    validation = [encode_chat(tokenizer, chat(q, other), 512) for q in EVAL_QUESTIONS]
+    training = TrainingConfig(
+        max_steps=6, checkpoints=3, learning_rate=2e-3, lora=LoraSettings(dropout=0.0), device="cpu"
+    )
+    result = train_loop(
+        training,
+        base,
+        tokenizer,
+        [e for e in train if e is not None],
+        torch.device("cpu"),
+        torch.float32,
+        Silent(),
+        None,
+        [e for e in validation if e is not None],
+    )
+    curve = result["validation_curve"]
+    assert [step for step, _ in curve] == [2, 4, 6]
+    assert curve[0][1] < curve[-1][1] and result["chosen_step"] == 2
+    held = validation_loss(
+        result["model"], [e for e in validation if e is not None], tokenizer.pad_token_id, "cpu"
+    )
+    assert held == pytest.approx(curve[0][1], abs=1e-4)

@@ -27,8 +27,9 @@ from lanes_pipeline.gpu_lane.training.data import (
     eval_sample,
     label_tokens,
     pack,
+    validation_split,
 )
-from lanes_pipeline.gpu_lane.training.loop import linear_schedule, total_steps
+from lanes_pipeline.gpu_lane.training.loop import checkpoint_steps, linear_schedule, total_steps, warmup_steps
 from lanes_pipeline.gpu_lane.training.spec import EvalReport
 from lanes_pipeline.settings import TrainingConfig
 
@@ -83,11 +84,41 @@ def test_schedule_warms_up_then_decays_to_zero() -> None:
     assert linear_schedule(6, 0, 6) == 0.0
 
 
-def test_steps_from_epochs() -> None:
-    training = TrainingConfig(max_steps=None, epochs=2.0)
+def test_steps_from_epochs_within_the_step_range() -> None:
+    training = TrainingConfig(epochs=2.0, step_range={"min": 1, "max": 200})
     accumulating = training.model_copy(update={"batch_size": 4, "gradient_accumulation_steps": 2})
     assert total_steps(accumulating, 17) == 5
     assert total_steps(training.model_copy(update={"max_steps": 7}), 17) == 7
+    bounded = TrainingConfig(epochs=2.0, step_range={"min": 10, "max": 40}, batch_size=4)
+    assert (total_steps(bounded, 8), total_steps(bounded, 60), total_steps(bounded, 400)) == (10, 30, 40)
+    assert (
+        TrainingConfig().epochs == 2.0 and TrainingConfig().max_steps is None
+    )  # the default trains by epochs
+    fixed = TrainingConfig(max_steps=30)  # a fixed run, as configs wrote it before epochs were the default
+    assert (fixed.epochs, total_steps(fixed, 1000)) == (None, 30)
+    with pytest.raises(ValueError, match="min \\(50\\) is above max \\(40\\)"):
+        TrainingConfig(step_range={"min": 50, "max": 40})
+
+
+def test_warmup_is_a_tenth_of_the_steps_unless_set_and_checkpoints_end_at_the_last_step() -> None:
+    assert warmup_steps(TrainingConfig(), 40) == 4 and warmup_steps(TrainingConfig(warmup_steps=3), 40) == 3
+    assert checkpoint_steps(30, 3) == [10, 20, 30] and checkpoint_steps(2, 3) == [1, 2]
+    assert checkpoint_steps(7, 1) == [7]
+
+
+def test_validation_rows_are_set_aside_by_hash_whatever_the_order() -> None:
+    rows = [
+        make_row([{"role": "user", "content": str(i)}, {"role": "assistant", "content": "x"}])
+        for i in range(60)
+    ]
+    train, aside = validation_split(rows, 10)
+    assert aside and len(train) + len(aside) == 60
+    assert {r["content_hash"] for r in train}.isdisjoint(r["content_hash"] for r in aside)
+    _, again_aside = validation_split(list(reversed(rows)), 10)
+    assert {r["content_hash"] for r in again_aside} == {r["content_hash"] for r in aside}
+    assert validation_split(rows, 0) == (rows, [])
+    assert validation_split(rows[:3], 100) == ([], rows[:3])
+    assert validation_split(rows[:1], 100) == (rows[:1], [])  # one row cannot choose a checkpoint: it trains
 
 
 def test_dedupe_keeps_one_copy_per_hash_the_latest() -> None:

@@ -126,6 +126,19 @@ def encode_row(tokenizer: ChatTokenizer, row: dict[str, Any], max_len: int) -> E
     return encode_chat(tokenizer, row["messages"], max_len)
 
 
+def validation_split(
+    rows: Sequence[dict[str, Any]], percent: int, minimum: int = 2
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, validation rows): the rows whose content hash falls in `percent` are set aside to
+    choose the checkpoint, the same ones whatever the order; fewer than `minimum` of them choose nothing
+    reliably, so then every row trains."""
+    aside = [r for r in rows if int(r["content_hash"][:8], 16) % 100 < percent]
+    if len(aside) < minimum:
+        return list(rows), []
+    kept = {r["content_hash"] for r in aside}
+    return [r for r in rows if r["content_hash"] not in kept], aside
+
+
 def pack(examples: Sequence[Example], max_len: int) -> list[Example]:
     """First-fit-decreasing bins of at most `max_len` tokens. Positions restart in every example, which
     transformers reads as separate sequences (a block-diagonal mask): no attention across examples."""

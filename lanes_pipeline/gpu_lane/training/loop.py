@@ -1,5 +1,7 @@
 """Our training loop: AdamW on the LoRA weights, linear warmup and decay, gradient accumulation, the loss on
-assistant tokens only, optional packing. Runs in the trainer process."""
+assistant tokens only, optional packing, and the checkpoint chosen by the validation rows' loss (a small
+window is memorised within a few epochs: the step where the held-aside rows were predicted best is kept,
+not the last). Runs in the trainer process."""
 
 from __future__ import annotations
 
@@ -24,10 +26,21 @@ def _epoch_stream(
 
 
 def total_steps(training: TrainingConfig, num_sequences: int) -> int:
+    """`max_steps` when set; else the steps `epochs` passes over the sequences make, within `step_range`."""
     if training.max_steps is not None:
         return training.max_steps
     micro = math.ceil(num_sequences / training.batch_size)
-    return max(1, math.ceil((training.epochs or 1.0) * micro / training.gradient_accumulation_steps))
+    steps = math.ceil((training.epochs or 1.0) * micro / training.gradient_accumulation_steps)
+    return min(training.step_range.max, max(training.step_range.min, steps))
+
+
+def warmup_steps(training: TrainingConfig, steps: int) -> int:
+    return training.warmup_steps if training.warmup_steps is not None else steps // 10
+
+
+def checkpoint_steps(steps: int, checkpoints: int) -> list[int]:
+    """The steps (1-based) where the adapter is scored: spread evenly, the last step always among them."""
+    return sorted({max(1, round(steps * i / checkpoints)) for i in range(1, checkpoints + 1)})
 
 
 def linear_schedule(step: int, warmup: int, total: int) -> float:
@@ -46,9 +59,11 @@ def train_loop(
     dtype: Any,
     progress: Progress,
     world: World | None = None,
+    validation: Sequence[Example] = (),
 ) -> dict[str, Any]:
     """Every process of a `world` runs this on the same examples; see world.py for how they share a step.
-    Counts (tokens, curve) are of the whole step, the same in every process."""
+    Counts (tokens, curve) are of the whole step, the same in every process. With `validation` rows the
+    adapter is scored on them at each checkpoint and the best one is what the model holds at the end."""
     import torch
 
     world = world or Single()
@@ -60,8 +75,11 @@ def train_loop(
     world.sync_parameters(params)
     optimizer = torch.optim.AdamW(params, lr=training.learning_rate, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: linear_schedule(s, training.warmup_steps, steps)
+        optimizer, lambda s: linear_schedule(s, warmup_steps(training, steps), steps)
     )
+    scored_at = set(checkpoint_steps(steps, training.checkpoints)) if validation else set()
+    validation_curve: list[tuple[int, float]] = []
+    best: tuple[float, int, list[Any]] | None = None
     stream = _epoch_stream(sequences, training, random.Random(training.seed))
     pad_id = tokenizer.pad_token_id
     model.train()
@@ -91,6 +109,12 @@ def train_loop(
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         curve.append((step, round(step_loss, 5)))
+        if step in scored_at:
+            loss = validation_loss(model, validation, pad_id, device)
+            validation_curve.append((step, round(loss, 5)))
+            if best is None or loss < best[0]:
+                best = (loss, step, [p.detach().clone() for p in params])
+            progress.event("validation", step=step, loss=round(loss, 5), best_step=best[1])
         elapsed = time.perf_counter() - started
         progress.event(
             "step",
@@ -103,7 +127,13 @@ def train_loop(
             elapsed_s=round(elapsed, 2),
         )
     train_s = time.perf_counter() - started
+    if best is not None:
+        with torch.no_grad():
+            for param, kept in zip(params, best[2], strict=True):
+                param.copy_(kept)
     return {
+        "chosen_step": best[1] if best is not None else steps,
+        "validation_curve": validation_curve,
         "model": model,
         "steps": steps,
         "epochs": micro_batches * training.batch_size / max(1, len(sequences)),
@@ -114,3 +144,19 @@ def train_loop(
         "train_s": train_s,
         "curve": curve,
     }
+
+
+def validation_loss(model: Any, validation: Sequence[Example], pad_id: int, device: Any) -> float:
+    """Mean loss per labelled token of the validation rows (the model back in training mode after)."""
+    import torch
+
+    model.eval()
+    total = items = 0.0
+    with torch.no_grad():
+        for example in validation:
+            batch = collate([example], pad_id, packed=False)
+            count = shifted_label_count(batch)
+            total += float(assistant_loss(model, tensors(batch, device), 1))
+            items += count
+    model.train()
+    return total / max(1.0, items)

@@ -54,6 +54,13 @@ class TrainSummary(BaseModel):
     seed: int
     lora: LoraSettings
     processes: int = Field(1, description="trainer processes that shared each step (launcher accelerate)")
+    validation_rows: int = Field(0, description="training rows set aside to choose the checkpoint")
+    validation_curve: list[tuple[int, float]] = Field(
+        default_factory=list, description="(step, loss per token of the validation rows) at each checkpoint"
+    )
+    chosen_step: int | None = Field(
+        None, description="the checkpoint the adapter holds: the best on the validation rows, else the last"
+    )
 
 
 class EvalResult(BaseModel):

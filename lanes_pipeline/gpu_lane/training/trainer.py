@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from lanes_pipeline.dataset.window import load_split
-from lanes_pipeline.gpu_lane.training.data import collate, dated_rows, encode_row, eval_sample
+from lanes_pipeline.gpu_lane.training.data import (
+    collate,
+    dated_rows,
+    encode_row,
+    eval_sample,
+    validation_split,
+)
 from lanes_pipeline.gpu_lane.training.loop import train_loop
 from lanes_pipeline.gpu_lane.training.model import (
     encode_rows,
@@ -144,6 +150,9 @@ def train(spec: TrainSpec, progress: Progress, world: World | None = None) -> Tr
             seed=training.seed,
             lora=training.lora,
             processes=world.size,
+            validation_rows=result.get("validation_rows", 0),
+            validation_curve=result.get("validation_curve", []),
+            chosen_step=result.get("chosen_step", result["steps"]),
         )
         (staging / TRAINING_SUMMARY).write_text(summary.model_dump_json(indent=1) + "\n")
         plot_loss(summary.loss_curve, staging / LOSS_CURVE, f"{final.name}: {summary.steps} steps")
@@ -165,8 +174,9 @@ def _fit(
     device, dtype = pick_device(training.device)
     device = world.device(device)
     tokenizer = load_tokenizer(spec.base_model_dir)
-    rows = load_split(spec.dataset_dirs, "train")
+    rows, aside = validation_split(load_split(spec.dataset_dirs, "train"), training.validation_percent)
     examples, dropped = encode_rows(tokenizer, rows, training.max_seq_len)
+    validation, _ = encode_rows(tokenizer, aside, training.max_seq_len)
     if not examples:
         raise ValueError(
             f"no trainable rows in {spec.dataset_dirs} (dropped {dropped} without assistant tokens)"
@@ -187,8 +197,9 @@ def _fit(
         result = train_trl(training, spec.base_model_dir, tokenizer, kept, device, dtype, progress)
     else:
         result = train_loop(
-            training, spec.base_model_dir, tokenizer, examples, device, dtype, progress, world
+            training, spec.base_model_dir, tokenizer, examples, device, dtype, progress, world, validation
         )
+        result["validation_rows"] = len(validation)
     return result, rows, dropped, device, dtype
 
 

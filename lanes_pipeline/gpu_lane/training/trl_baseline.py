@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from lanes_pipeline.gpu_lane.training.data import IGNORE
+from lanes_pipeline.gpu_lane.training.loop import total_steps, warmup_steps
 from lanes_pipeline.gpu_lane.training.model import lora_config
 from lanes_pipeline.gpu_lane.training.progress import Progress
 from lanes_pipeline.settings import TrainingConfig
@@ -69,13 +70,13 @@ def train_trl(
     with tempfile.TemporaryDirectory() as scratch:
         config = SFTConfig(
             output_dir=scratch,
-            max_steps=training.max_steps if training.max_steps is not None else -1,
-            num_train_epochs=training.epochs or 1.0,
+            # the same number of steps as our loop (epochs within step_range, or max_steps)
+            max_steps=total_steps(training, len(rows)),
             per_device_train_batch_size=training.batch_size,
             gradient_accumulation_steps=training.gradient_accumulation_steps,
             learning_rate=training.learning_rate,
             lr_scheduler_type="linear",
-            warmup_steps=training.warmup_steps,
+            warmup_steps=warmup_steps(training, total_steps(training, len(rows))),
             weight_decay=0.0,
             max_grad_norm=1.0,
             # TRL's default is True; ours is the config's.
