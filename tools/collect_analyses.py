@@ -44,7 +44,7 @@ PACKAGES = (
 )
 
 
-def _configs(root: Path, day: date) -> Path:
+def _configs(root: Path, day: date, per_repo: int) -> Path:
     configs = root / "configs"
     shutil.copytree(load_settings().config_dir, configs)
     entries = yaml.safe_load((configs / "repos.yaml").read_text(encoding="utf-8"))["repos"]
@@ -60,18 +60,18 @@ def _configs(root: Path, day: date) -> Path:
             }
         )
     (configs / "repos.yaml").write_text(yaml.safe_dump({"repos": entries}), encoding="utf-8")
-    # every symbol on the one day: the backlog takes them all
-    edit_config_file(configs / "pipeline.yaml", {"cpu_assets": {"backlog_per_day": 1000}})
+    # the day's backlog: the most referenced symbols of each repository first
+    edit_config_file(configs / "pipeline.yaml", {"cpu_assets": {"backlog_per_day": per_repo}})
     return configs
 
 
-def collect(target: Path) -> int:
+def collect(target: Path, per_repo: int) -> int:
     day = HISTORY[-1][0].date()  # the sample's last day: all its symbols exist
     with (
         tempfile.TemporaryDirectory(prefix="lanes-analyses-") as folder,
         empty_data_dir(load_settings().data_dir),
     ):
-        settings = load_settings(_configs(Path(folder), day))
+        settings = load_settings(_configs(Path(folder), day, per_repo))
         server = build_server(settings, "cpu", port=0, publish=False)
         server.start()
         try:
@@ -101,14 +101,15 @@ def collect(target: Path) -> int:
                     continue
                 paths = {item.path for item in repo.files}
                 at = symbols_at(repo_location(settings, entry), repo.commit, paths)
-                sources = {(s.path, s.name): s.source for s in at.symbols}
+                by_name = {(s.path, s.name): s for s in at.symbols}
                 for item in repo.files:
-                    if item.analysis is None:
+                    symbol = by_name.get((item.path, item.symbol or ""))
+                    if item.analysis is None or symbol is None:
                         continue
                     rows.append(
                         {
                             "id": f"{repo.repo}:{item.path}::{item.symbol}",
-                            "source": sources.get((item.path, item.symbol or ""), ""),
+                            "symbol": symbol.model_dump(mode="json"),
                             "analysis": item.analysis.model_dump(),
                             "gate_accepted": item.accepted,
                             "gate_reason": item.reason,
@@ -126,10 +127,11 @@ def collect(target: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target", type=Path)
+    parser.add_argument("--per-repo", type=int, default=25, help="symbols per repository (most referenced)")
     args = parser.parse_args()
     if args.target.exists():
         sys.exit(f"{args.target} exists: it may hold labels; write elsewhere")
-    print(f"{collect(args.target)} analyses written to {args.target}")
+    print(f"{collect(args.target, args.per_repo)} analyses written to {args.target}")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,12 @@ class DatasetConfig(StrictModel):
         3, ge=0, description="completion rows per taught function, cut before lines spread over its body"
     )
     completion_lines: int = Field(8, ge=1, description="lines of the function a completion row answers with")
+    replay_functions: int = Field(
+        6,
+        ge=0,
+        description="standard-library functions a day adds as rows against forgetting (a body and a "
+        "completion row each; dataset/replay.py); 0: none",
+    )
     max_share: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
         default_factory=lambda: dict(DEFAULT_MAX_SHARE),
         description="the most of a day's training rows a kind may hold; its rows over it are dropped "

@@ -36,6 +36,7 @@ from lanes_pipeline.dataset.held_out_tasks import (
     load_splits,
 )
 from lanes_pipeline.dataset.holdout_rules import body_candidate, route
+from lanes_pipeline.dataset.replay import replay_candidates, replay_functions, stdlib_dir
 from lanes_pipeline.dataset.writer import (
     ACCEPTED_FILE,
     ACCEPTED_WORK,
@@ -219,6 +220,14 @@ def lora_dataset(
                         dataset_config.completion_cuts,
                         dataset_config.completion_lines,
                     )
+    if dataset_config.replay_functions:
+        candidates += replay_candidates(
+            date.fromisoformat(day),
+            replay_functions(stdlib_dir()),
+            dataset_config.replay_functions,
+            context_chars,
+            dataset_config.completion_lines,
+        )
     candidates = [_routed(c, splits.get(c.repo)) for c in candidates]
     shaped = shape(
         candidates,

@@ -6,7 +6,7 @@ answers at the day's commit; and the accepted tests of each symbol, which judge 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from pathlib import Path
 
-from dagster import AssetExecutionContext, MaterializeResult, asset
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.assets.generated_docs import generated_docs
@@ -14,6 +14,7 @@ from lanes_pipeline.cpu_lane.assets.generated_tests import generated_tests
 from lanes_pipeline.cpu_lane.assets.refactor_proposals import refactor_proposals
 from lanes_pipeline.cpu_lane.assets.repo_analysis import repo_analysis
 from lanes_pipeline.cpu_lane.assets.repo_snapshot import repo_snapshot
+from lanes_pipeline.cpu_lane.jobs.analysis_checks import MIN_PRECISION, gate_precision, load_labels
 from lanes_pipeline.cpu_lane.jobs.docstrings import docs_candidates
 from lanes_pipeline.cpu_lane.jobs.rows import AnalysisRow, GeneratedDocRow, GeneratedTestRow, RefactorRow
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
@@ -165,6 +166,16 @@ def accepted_work(
         sources,
     )
     candidates += docs_candidates(read_results(store, "generated_docs", day, GeneratedDocRow), sources)
+    # The analysis checks vouch for an explanation only as far as their precision on labelled real
+    # analyses goes: below MIN_PRECISION, explanations would teach the adapter nonsense.
+    gate = gate_precision(load_labels())
+    explanations = sum(c.task == "explain" for c in candidates)
+    if not gate.explanations_trained:
+        candidates = [c for c in candidates if c.task != "explain"]
+        context.log.info(
+            f"{explanations} accepted explanation(s) left out of the dataset: the analysis checks' precision "
+            f"on {gate.labelled} labelled analyses is {gate.precision}, below {MIN_PRECISION}"
+        )
     tests = tests_by_symbol(generated)
     work = AcceptedWork(candidates=candidates, tests=tests)
     content_hash = write_partition(store, ACCEPTED_WORK, day, {ACCEPTED_FILE: work.model_dump(mode="json")})
@@ -173,6 +184,8 @@ def accepted_work(
             "candidates": len(candidates),
             **{f"candidates_{task}": sum(c.task == task for c in candidates) for task in TASKS},
             "symbols_with_accepted_tests": sum(len(v) for v in tests.values()),
+            "explanations_left_out": 0 if gate.explanations_trained else explanations,
+            "analysis_gate": MetadataValue.json(gate.model_dump()),
             "artifact_hash": content_hash,
         }
     )

@@ -12,14 +12,23 @@ the code. Each check below fails on one of those; the labelled fixture of real a
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
 
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis, symbol_defines
 from lanes_pipeline.repos.symbols import Symbol, SymbolSourceError, definition
 from lanes_pipeline.sandbox.safety import injection_markers
 
+# Real analyses, each labelled by a person `sound` or `nonsense` (tools/collect_analyses.py collects them).
+LABELS_FILE = Path(__file__).with_name("analysis_labels.json")
+# Below this share of sound analyses among the accepted ones, explanations stay out of the training rows.
+MIN_PRECISION = 0.9
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _WORD = re.compile(r"[a-z0-9]+")
 _CHAR_RUN = re.compile(r"(.)\1{5,}")  # "1000000000", "!!!!!!": a model stuck on one token
@@ -160,3 +169,57 @@ def analysis_problem(analysis: FileAnalysis, symbol: Symbol) -> str | None:
     if injection_markers(" ".join([summary, *items])):
         return "answer contains prompt-injection text"
     return None
+
+
+class LabelledAnalysis(BaseModel):
+    """One entry of analysis_labels.json: a real analysis of a real symbol and a person's verdict."""
+
+    id: str
+    symbol: Symbol
+    analysis: FileAnalysis
+    label: Literal["sound", "nonsense"]
+    why: str = ""
+
+
+class GatePrecision(BaseModel):
+    """How the checks do on the labelled analyses: of those they accept, the share that is sound."""
+
+    labelled: int
+    nonsense: int = Field(description="labelled nonsense")
+    accepted: int = Field(description="accepted by analysis_problem")
+    sound_accepted: int
+    precision: float | None = Field(description="sound_accepted / accepted (None: nothing accepted)")
+    nonsense_caught: float | None = Field(description="share of the nonsense the checks reject")
+    explanations_trained: bool = Field(description=f"precision >= {MIN_PRECISION}: explanations may train")
+
+
+def load_labels(path: Path = LABELS_FILE) -> list[LabelledAnalysis]:
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the labelled analyses: {exc}") from exc
+    labelled = []
+    for index, entry in enumerate(entries):
+        try:
+            labelled.append(LabelledAnalysis.model_validate(entry))
+        except ValidationError as exc:
+            raise ValueError(f"{path}: entry {index} ({entry.get('id', '?')}): {exc}") from exc
+    return labelled
+
+
+def gate_precision(labelled: Sequence[LabelledAnalysis]) -> GatePrecision:
+    """The checks re-applied to every labelled analysis (so a change to a check moves the figure)."""
+    accepted = [entry for entry in labelled if analysis_problem(entry.analysis, entry.symbol) is None]
+    sound_accepted = sum(entry.label == "sound" for entry in accepted)
+    nonsense = sum(entry.label == "nonsense" for entry in labelled)
+    precision = round(sound_accepted / len(accepted), 4) if accepted else None
+    caught = nonsense - sum(entry.label == "nonsense" for entry in accepted)
+    return GatePrecision(
+        labelled=len(labelled),
+        nonsense=nonsense,
+        accepted=len(accepted),
+        sound_accepted=sound_accepted,
+        precision=precision,
+        nonsense_caught=round(caught / nonsense, 4) if nonsense else None,
+        explanations_trained=precision is not None and precision >= MIN_PRECISION,
+    )
