@@ -155,36 +155,23 @@ def fit(candidate: Candidate, system_prompt: str, count: TokenCounter, max_len: 
     whole = render(candidate, system_prompt)
     if count(whole.messages) <= max_len:
         return whole
-    if candidate.task == "complete":
-        return _fit_tail(candidate, system_prompt, count, max_len)
-    lines = candidate.code.splitlines()
+    if candidate.task == "complete":  # keep the prompt's first line (`# path`) and the lines before the cut
+        head, *tail = candidate.code.splitlines(keepends=True)
 
-    def cut(n: int) -> Record:
-        return render(candidate, system_prompt, "\n".join([*lines[:n], CUT_MARK]))
+        def cut(n: int) -> Record:
+            return render(candidate, system_prompt, head + "".join(tail[len(tail) - n :]))
 
+        most = len(tail)
+    else:  # keep the file's head, then a mark
+        lines = candidate.code.splitlines()
+
+        def cut(n: int) -> Record:
+            return render(candidate, system_prompt, "\n".join([*lines[:n], CUT_MARK]))
+
+        most = len(lines) - 1
     if count(cut(0).messages) > max_len:
         return None
-    low, high = 0, len(lines) - 1  # the most lines that fit lies in [low, high]
-    while low < high:
-        middle = (low + high + 1) // 2
-        if count(cut(middle).messages) <= max_len:
-            low = middle
-        else:
-            high = middle - 1
-    return cut(low)
-
-
-def _fit_tail(candidate: Candidate, system_prompt: str, count: TokenCounter, max_len: int) -> Record | None:
-    """A completion row within `max_len`: its prompt's first line (`# path`) and as many of the lines
-    right before the cut as fit."""
-    head, *lines = candidate.code.splitlines(keepends=True)
-
-    def cut(n: int) -> Record:  # the last n lines
-        return render(candidate, system_prompt, head + "".join(lines[len(lines) - n :]))
-
-    if count(cut(0).messages) > max_len:
-        return None
-    low, high = 0, len(lines)  # the most lines that fit lies in [low, high]
+    low, high = 0, most  # the most lines that fit lies in [low, high]
     while low < high:
         middle = (low + high + 1) // 2
         if count(cut(middle).messages) <= max_len:

@@ -3,9 +3,20 @@ real answers of SmolLM2-135M), and a sound analysis passes them all."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from lanes_pipeline.cpu_lane.jobs.analysis_checks import analysis_problem, degenerate, has_real_body
+from lanes_pipeline.cpu_lane.jobs.analysis_checks import (
+    MIN_PRECISION,
+    LabelledAnalysis,
+    analysis_problem,
+    degenerate,
+    gate_precision,
+    has_real_body,
+    load_labels,
+)
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
 from lanes_pipeline.repos.symbols import Symbol, extract_symbols
 
@@ -83,3 +94,46 @@ def test_a_loop_in_a_list_item_and_a_repeated_item_are_rejected() -> None:
 def test_different_phrases_sharing_three_words_are_not_a_loop() -> None:
     assert degenerate("Returns the number of rows and the number of columns.") is None
     assert degenerate("Pads 12 cells to 100 characters.") is None
+
+
+def labelled(summary: str, label: str, name: str = "extract_file") -> LabelledAnalysis:
+    return LabelledAnalysis(
+        id=f"t:{summary[:20]}", symbol=symbol(name), analysis=analysis(summary), label=label
+    )
+
+
+def test_precision_is_the_share_of_sound_analyses_among_the_accepted() -> None:
+    entries = [
+        labelled("Reads one member of a zip archive as UTF-8 text.", "sound"),
+        labelled("Opens the archive member by name and decodes it.", "sound"),
+        labelled("Reads the member of the archive as text, twice.", "nonsense"),  # accepted: a miss
+        labelled("The code is incomplete. Please help me to complete it.", "nonsense"),  # rejected
+    ]
+    gate = gate_precision(entries)
+    assert (gate.labelled, gate.accepted, gate.sound_accepted, gate.nonsense) == (4, 3, 2, 2)
+    assert gate.precision == pytest.approx(0.6667) and gate.nonsense_caught == 0.5
+    assert gate.explanations_trained is False
+    assert gate_precision(entries[:2]).explanations_trained is True
+    assert gate_precision(entries[3:]).precision is None  # nothing accepted: nothing to trust
+
+
+def test_the_labelled_real_analyses_measure_the_checks() -> None:
+    entries = load_labels()
+    assert len(entries) >= 50
+    assert {e.label for e in entries} == {"sound", "nonsense"}
+    assert len({e.id for e in entries}) == len(entries)
+    gate = gate_precision(entries)
+    assert gate.labelled == len(entries) and gate.accepted <= gate.labelled
+    # the decision follows the figure: explanations train only at MIN_PRECISION or above
+    assert gate.explanations_trained is (gate.precision is not None and gate.precision >= MIN_PRECISION)
+
+
+def test_a_bad_label_file_names_the_file_and_the_entry(tmp_path: Path) -> None:
+    good = labelled("Reads one member of a zip archive as UTF-8 text.", "sound").model_dump(mode="json")
+    path = tmp_path / "labels.json"
+    path.write_text(json.dumps([good, good | {"id": "x:broken", "label": "maybe"}]), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"labels.json: entry 1 \(x:broken\)"):
+        load_labels(path)
+    path.write_text("[", encoding="utf-8")
+    with pytest.raises(ValueError, match="cannot read the labelled analyses"):
+        load_labels(path)
