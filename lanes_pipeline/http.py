@@ -59,6 +59,9 @@ class ChatRequest(BaseModel):
     ignore_eos: bool | None = None  # llama-server: generate past end-of-text, to a stop string or max_tokens
     # llama-server: the slot to run in. Only one the server has: an unknown slot is deferred forever.
     id_slot: int | None = Field(None, ge=0)
+    # vLLM: end a generation whose last tokens repeat a pattern (`max_pattern_size`, `min_pattern_size`,
+    # `min_count`) instead of running to max_tokens; servers without it ignore the field.
+    repetition_detection: dict[str, int] | None = None
 
     def payload(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from lanes_pipeline.gpu_lane.judged import PASSED, Answer, TaskAnswer
 from lanes_pipeline.http import ChatMessage, ChatRequest, OpenAIClient
 
+# A loop: the answer's last 4-40 tokens repeated 5 times in a row. Such an answer runs to max_tokens and
+# fails either way; ended here it costs a fifth of the tokens (vLLM's repetition_detection).
+LOOP_STOP = {"min_pattern_size": 4, "max_pattern_size": 40, "min_count": 5}
 CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
 
@@ -60,23 +63,37 @@ def extract_code(answer: str) -> str:
     return "\n\n".join(blocks) + "\n" if blocks else answer.strip("\n") + "\n"
 
 
-def ask(client: OpenAIClient, model: str, task: CodeTask, max_tokens: int) -> Answer:
+def ask(
+    client: OpenAIClient, model: str, task: CodeTask, max_tokens: int, stop_loops: bool = False
+) -> Answer:
     messages = [ChatMessage(role="system", content=task.system)] if task.system else []
     messages.append(ChatMessage(role="user", content=task.prompt))
-    request = ChatRequest(model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, seed=0)
+    request = ChatRequest(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        seed=0,
+        repetition_detection=LOOP_STOP if stop_loops else None,
+    )
     response = client.chat(request)
     finish = response.choices[0].finish_reason if response.choices else None
     return Answer(text=response.text, tokens=response.usage.completion_tokens, finish_reason=finish)
 
 
 def answers(
-    client: OpenAIClient, model: str, tasks: Sequence[CodeTask], max_tokens: int, workers: int
+    client: OpenAIClient,
+    model: str,
+    tasks: Sequence[CodeTask],
+    max_tokens: int,
+    workers: int,
+    stop_loops: bool = False,
 ) -> dict[str, Answer]:
     """task name -> the served model's greedy answer; `workers` requests at once (vLLM batches them)."""
     if not tasks:
         return {}
     with ThreadPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
-        texts = list(pool.map(lambda t: ask(client, model, t, max_tokens), tasks))
+        texts = list(pool.map(lambda t: ask(client, model, t, max_tokens, stop_loops), tasks))
     return {task.name: text for task, text in zip(tasks, texts, strict=True)}
 
 

@@ -204,7 +204,7 @@ def humaneval_pass1(
     """pass@1 (greedy) of the served `model` on `problems`: ask for every answer first (vLLM batches
     `config.workers` at once), then run them in the sandbox, each limited to `config.timeout_s`."""
     tasks = [humaneval_task(problem, system_prompt) for problem in problems]
-    texts = answers(client, model, tasks, config.max_tokens, config.workers)
+    texts = answers(client, model, tasks, config.max_tokens, config.workers, config.stop_loops)
     per_program = limits.model_copy(update={"timeout_s": config.timeout_s})
     outcomes = judge_all([(p, texts[p.task_id].text) for p in problems], per_program, isolation)
     return PassRate.of(model, outcomes)

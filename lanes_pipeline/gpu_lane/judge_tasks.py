@@ -22,7 +22,7 @@ from lanes_pipeline.dataset.completion_points import CompletionPoint
 from lanes_pipeline.dataset.contract import completion_prompt
 from lanes_pipeline.dataset.holdout_rules import HeldOutFunction
 from lanes_pipeline.gpu_lane.answer_cache import AnswerCache, task_key
-from lanes_pipeline.gpu_lane.code_tasks import CodeTask, answers, judged
+from lanes_pipeline.gpu_lane.code_tasks import LOOP_STOP, CodeTask, answers, judged
 from lanes_pipeline.gpu_lane.completion import completion_answers, point_prefix
 from lanes_pipeline.gpu_lane.humaneval import HumanEvalProblem, humaneval_task, judge_all
 from lanes_pipeline.gpu_lane.judged import Answer, TaskAnswer, TaskSet
@@ -96,6 +96,7 @@ def _body_plan(
                 "tests": f.repo_tests,
                 "cpu_tests": f.cpu_tests,
                 "max_tokens": config.max_tokens,
+                **_loop_rule(config),
             },
         )
         for task, f in zip(asked, functions, strict=True)
@@ -117,7 +118,10 @@ def _body_plan(
 def _humaneval_plan(tasks: DayTasks, config: ExecutedEvalConfig) -> TaskSetPlan:
     asked: list[CodeTask] = [humaneval_task(p, tasks.system_prompt) for p in tasks.problems]
     keys = [
-        task_key(t.name, {"system": t.system, "prompt": t.prompt, "max_tokens": config.max_tokens})
+        task_key(
+            t.name,
+            {"system": t.system, "prompt": t.prompt, "max_tokens": config.max_tokens, **_loop_rule(config)},
+        )
         for t in asked
     ]
 
@@ -163,10 +167,18 @@ def _completion_plan(tasks: DayTasks, config: ExecutedEvalConfig) -> TaskSetPlan
     return TaskSetPlan("completion", [p.id for p in points], keys, answer)
 
 
+def _loop_rule(config: ExecutedEvalConfig) -> dict[str, object]:
+    """What a cached answer was asked with beyond the prompt: the loop stop when on (keys of answers asked
+    without it stay as they were)."""
+    return {"stop_loops": LOOP_STOP} if config.stop_loops else {}
+
+
 def _ask(
     client: OpenAIClient, model: str, asked: Sequence[CodeTask], wanted: list[int], config: ExecutedEvalConfig
 ) -> list[Answer]:
-    said = answers(client, model, [asked[i] for i in wanted], config.max_tokens, config.workers)
+    said = answers(
+        client, model, [asked[i] for i in wanted], config.max_tokens, config.workers, config.stop_loops
+    )
     return [said[asked[i].name] for i in wanted]
 
 
