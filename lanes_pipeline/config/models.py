@@ -382,7 +382,7 @@ class ExecutedEvalConfig(StrictModel):
     completion_context_chars: int = Field(3000, ge=200, description="file text sent before a point's cut")
     completion_max_tokens: int = Field(24, ge=4, description="tokens per completion (one line)")
     timeout_s: float = Field(20.0, gt=0, description="wall clock per executed program in the sandbox")
-    workers: int = Field(4, ge=1, description="answers asked of vLLM at once")
+    workers: int = Field(12, ge=1, description="answers asked of vLLM at once")
     stop_loops: bool = Field(
         True,
         description="vLLM ends an answer whose last 4-40 tokens repeat 5 times in a row (it would fail "
