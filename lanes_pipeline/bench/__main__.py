@@ -25,8 +25,9 @@ from lanes_pipeline.settings import Settings, load_settings
 from lanes_pipeline.steps import STOP_REQUESTED
 
 BENCHMARKS = ("cpu_lane", "gpu_lane", "trials", "cpu_yield", "cpu_servers", "learning", "drills")
-# Run only when named: `suite` runs the whole test suite (over an hour here), not a lane's figures.
-ON_REQUEST = ("suite",)
+# Run only when named: `suite` runs the whole test suite (over an hour here), not a lane's figures;
+# `judge_cost` compares the evaluation's levers (what `learning` measures as a whole).
+ON_REQUEST = ("suite", "judge_cost")
 
 
 def _interrupt(signum: int, frame: object) -> None:
