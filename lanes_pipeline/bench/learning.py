@@ -15,9 +15,10 @@ symbols, LoRA training, executed evaluation, promotion. Then, on the same vLLM:
 - `promotions`, `rejections`, the issue's targets with their gaps, and `answers`: every judged day's
   answers.json, copied out of the temporary data folder to data/bench/learning_answers/.
 
-The CPU lane runs on a smaller budget than the shipped one (CPU_BUDGET, reported as `cpu_budget`).
-Variants (`LANES_LEARNING_VARIANTS=shipped_budget,samples8,...`): the same run again with one lever
-changed, so the report shows which lever moves a figure (each variant is a whole run: hours on two cores).
+The CPU lane runs on a smaller budget than the shipped one (CPU_BUDGET, reported as `cpu_budget`);
+`LANES_LEARNING_DAYS=N` runs the first N days only (reported as `days_run`). Variants
+(`LANES_LEARNING_VARIANTS=shipped_budget,samples8,...`): the same run again with one lever changed, so the
+report shows which lever moves a figure (each variant is a whole run: hours on two cores).
 """
 
 from __future__ import annotations
@@ -312,7 +313,7 @@ def run_once(settings: Settings) -> dict[str, Any]:
             cpu.start()
             gpu.start()
             resources = _resources(fresh, root, cpu.url, gpu.url)
-            failed = _backfill(fresh, resources, sample_days())
+            failed = _backfill(fresh, resources, bench_days())
             store = ArtifactStore(root / "artifacts")
             points = load_points(store)
             decisions = _decisions(store, points)
@@ -331,6 +332,18 @@ def run_once(settings: Settings) -> dict[str, Any]:
     return out
 
 
+def bench_days() -> list[str]:
+    """The sample's days, or the first `LANES_LEARNING_DAYS` of them (a shorter run: the report says how
+    many days it judged)."""
+    days = sample_days()
+    wanted = os.environ.get("LANES_LEARNING_DAYS", "")
+    if not wanted:
+        return days
+    if not wanted.isdigit() or not 1 <= int(wanted) <= len(days):
+        raise ValueError(f"LANES_LEARNING_DAYS: {wanted!r} is not a number of days from 1 to {len(days)}")
+    return days[: int(wanted)]
+
+
 def gpu_alias(settings: Settings) -> str:
     """The stable alias the served adapter answers under (what editors ask for)."""
     return GpuLaneResource.from_config(settings.lanes.gpu_lane).alias_name
@@ -346,6 +359,7 @@ def run(settings: Settings) -> dict[str, Any]:
             configs = budget_configs(settings.config_dir, Path(folder) / "configs")
             result = run_once(load_settings(configs))
         result["cpu_budget"] = CPU_BUDGET["pipeline"]["cpu_assets"]
+        result["days_run"] = bench_days()
         result["variants"] = {}
         for name in wanted:
             print(f"[bench] learning: variant {name}: {VARIANTS[name]}", flush=True)

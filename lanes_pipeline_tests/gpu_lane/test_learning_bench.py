@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.bench.learning import CPU_BUDGET, budget_configs, summarize, targets, variant_configs
+from lanes_pipeline.bench.learning import (
+    CPU_BUDGET,
+    bench_days,
+    budget_configs,
+    summarize,
+    targets,
+    variant_configs,
+)
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint, paired_decision
 from lanes_pipeline.settings import default_config_dir, load_settings
@@ -97,3 +104,15 @@ def test_the_run_takes_the_cpu_budget_and_a_variant_sets_its_lever_over_it(tmp_p
     assert changed.pipeline.cpu_assets.samples_per_item == 8
     assert changed.pipeline.cpu_assets.backlog_per_day == budget["backlog_per_day"]
     assert changed.training.max_steps == 90
+
+
+def test_a_shorter_run_takes_the_first_days(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LANES_LEARNING_DAYS", raising=False)
+    every = bench_days()
+    assert len(every) == 3
+    monkeypatch.setenv("LANES_LEARNING_DAYS", "1")
+    assert bench_days() == every[:1]
+    for wrong in ("0", "4", "two"):
+        monkeypatch.setenv("LANES_LEARNING_DAYS", wrong)
+        with pytest.raises(ValueError, match="LANES_LEARNING_DAYS"):
+            bench_days()
