@@ -103,12 +103,7 @@ def features() -> Any:
 def completion_prompt(path: str, prefix: str, context_chars: int) -> str:
     """What an editor sends for a continuation: a first line `# {path}`, then the file's text before the
     cut (`prefix`, which ends at a line boundary), cut from the left at a line boundary to at most
-    `context_chars` characters, so the model always sees whole lines and the one to write comes next.
-
-    Where the text starts lies on a grid of half `context_chars` in the file: the cuts one after another in
-    a function (and their training rows) start at the same line, so each prompt is the one before it plus
-    a few lines and the server computes the shared text once (prefix caching); a prompt sliding with its
-    cut shares nothing. The window holds from half of `context_chars` (less a line) to all of it."""
+    `context_chars` characters, so the model always sees whole lines and the one to write comes next."""
     if context_chars < 0:
         raise ValueError(f"completion prompt for {path}: context_chars must be >= 0, got {context_chars}")
     if prefix and not prefix.endswith("\n"):
@@ -116,14 +111,10 @@ def completion_prompt(path: str, prefix: str, context_chars: int) -> str:
             f"completion prompt for {path}: the text before the cut must end with a newline (a cut at a "
             f"line boundary), got one ending {prefix[-40:]!r}"
         )
-    start = 0
-    if len(prefix) > context_chars:
-        stride = max(1, context_chars // 2)
-        start = -(-(len(prefix) - context_chars) // stride) * stride  # up to the grid
     lines = [f"{line}\n" for line in prefix.split("\n")[:-1]]  # a line boundary is a newline, nothing else
-    offset, kept = 0, []
-    for line in lines:
-        if offset >= start:
-            kept.append(line)
-        offset += len(line)
-    return f"# {path}\n" + "".join(kept)
+    kept, size = 0, 0
+    for line in reversed(lines):
+        if size + len(line) > context_chars:
+            break
+        kept, size = kept + 1, size + len(line)
+    return f"# {path}\n" + "".join(lines[len(lines) - kept :])
