@@ -2,10 +2,13 @@
 one embedded vLLM (free port, empty data folder), the base model, the same tasks:
 
 - `completion`: held-out completion points of a real package (tabulate 0.9.0, the learning benchmark's
-  second repository), asked with the prompt window that slid with each cut (`sliding`: the text right
-  before the cut, up to completion_context_chars; kept here as the baseline) and with the contract's
-  window, whose start lies on a grid so the points of a function share their prompt's start (`grid`):
-  seconds, prompt tokens, vLLM's prefix-cache hit rate, mean edit similarity of the scored line;
+  second repository), asked with the contract's window (`sliding`: the text right before the cut, up to
+  completion_context_chars) and with a window whose start lies on a grid, so that the points of a function
+  share their prompt's start and vLLM computes it once (`grid`): seconds, prompt tokens, vLLM's prefix-cache
+  hit rate, mean edit similarity of the scored line. The grid is not the contract's: on vLLM's CPU build a
+  prompt whose prefix is cached is answered differently from the same prompt computed whole (1 of 4 greedy
+  continuations changed for the base, 2 of 4 for an adapter), which would make a candidate's answers
+  depend on what was asked before them;
 - `answers`: anchor tasks answered and judged with the earlier defaults (`before`: 4 requests at once, no
   loop stop) and the shipped ones (`after`): seconds, tokens, tasks passed, finish reasons, and how many
   verdicts differ between the two.
@@ -44,15 +47,20 @@ from lanes_pipeline.settings import Settings, data_dir
 PACKAGE, RELEASE, MODULE = "tabulate", "0.9.0", "tabulate/__init__.py"
 
 
-def sliding_prompt(path: str, prefix: str, context_chars: int) -> str:
-    """The window before the grid: as many whole lines right before the cut as fit in `context_chars`."""
+def grid_prompt(path: str, prefix: str, context_chars: int) -> str:
+    """The window whose start lies on a grid of half `context_chars` in the file: the whole lines that start
+    at or after the first grid point at most `context_chars` before the cut (half to all of it)."""
+    start = 0
+    if len(prefix) > context_chars:
+        stride = max(1, context_chars // 2)
+        start = -(-(len(prefix) - context_chars) // stride) * stride  # up to the grid
     lines = [f"{line}\n" for line in prefix.split("\n")[:-1]]
-    kept = size = 0
-    for line in reversed(lines):
-        if size + len(line) > context_chars:
-            break
-        kept, size = kept + 1, size + len(line)
-    return f"# {path}\n" + "".join(lines[len(lines) - kept :])
+    offset, kept = 0, []
+    for line in lines:
+        if offset >= start:
+            kept.append(line)
+        offset += len(line)
+    return f"# {path}\n" + "".join(kept)
 
 
 def package_points(root: Path, count: int) -> tuple[list[CompletionPoint], dict[str, str]]:
@@ -152,8 +160,8 @@ def run(settings: Settings) -> dict[str, Any]:
         server.start()
         try:
             with VllmClient(server.url, timeout_s=900) as client:
-                sliding = completion_cost(client, model, points, sources, sliding_prompt, shipped)
-                grid = completion_cost(client, model, points, sources, completion_prompt, shipped)
+                sliding = completion_cost(client, model, points, sources, completion_prompt, shipped)
+                grid = completion_cost(client, model, points, sources, grid_prompt, shipped)
                 old = answers_cost(client, model, tasks, before)
                 new = answers_cost(client, model, tasks, shipped)
         finally:

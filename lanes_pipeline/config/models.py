@@ -465,14 +465,17 @@ class TrainingConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _fixed_steps_replace_epochs(cls, data: Any) -> Any:
+    def _steps_or_epochs(cls, data: Any) -> Any:
         # `max_steps: 30` alone means a fixed run of 30 steps, as it always has: epochs then do not apply.
-        if isinstance(data, dict) and data.get("max_steps") is not None and "epochs" not in data:
+        # Both written in one file is a contradiction; a copy that sets max_steps (model_copy) is a fixed run.
+        if isinstance(data, dict) and data.get("max_steps") is not None:
+            if data.get("epochs") is not None:
+                raise ValueError("set exactly one of max_steps and epochs")
             return {**data, "epochs": None}
         return data
 
     @model_validator(mode="after")
-    def _steps_or_epochs(self) -> TrainingConfig:
-        if (self.max_steps is None) == (self.epochs is None):
+    def _steps_or_epochs_set(self) -> TrainingConfig:
+        if self.max_steps is None and self.epochs is None:
             raise ValueError("set exactly one of max_steps and epochs")
         return self

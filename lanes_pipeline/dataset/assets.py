@@ -220,15 +220,17 @@ def lora_dataset(
                         dataset_config.completion_cuts,
                         dataset_config.completion_lines,
                     )
-    if dataset_config.replay_functions:
-        candidates += replay_candidates(
+    candidates = [_routed(c, splits.get(c.repo)) for c in candidates]
+    # Replay goes with a day's own training rows, never alone: a day without change trains nothing.
+    if dataset_config.replay_functions and any(not c.held_out for c in candidates):
+        replay = replay_candidates(
             date.fromisoformat(day),
             replay_functions(stdlib_dir()),
             dataset_config.replay_functions,
             context_chars,
             dataset_config.completion_lines,
         )
-    candidates = [_routed(c, splits.get(c.repo)) for c in candidates]
+        candidates += [_routed(c, None) for c in replay]
     shaped = shape(
         candidates,
         dataset_config.system_prompt,

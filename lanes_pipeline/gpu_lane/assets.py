@@ -338,8 +338,6 @@ def adapter_evaluation(
             "eval_samples_scored": measured.eval_samples,
             "unjudged": measured.unjudged,
             "measured_with": inputs,
-            "seconds": seconds,
-            "requests": requests,
             "decision": decision.model_dump(mode="json"),
         }
         registry.record_evaluation(candidate.name, evaluation)

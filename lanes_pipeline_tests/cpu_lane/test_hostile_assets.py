@@ -118,6 +118,7 @@ class HostileDay:
     failed_steps: list[str]
     checks: dict[str, bool]
     rows: list[str]
+    accepted: str = ""  # accepted_work's partition as written: what the CPU lane handed the dataset
     escaped: list[str] = field(default_factory=list)
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -209,6 +210,7 @@ def hostile_day(
         failed_steps=failed,
         checks={c.check_name: c.passed for c in result.get_asset_check_evaluations()},
         rows=_dataset_rows(store_root / "lora_dataset" / DAY),
+        accepted=_read_or_empty(store_root / "accepted_work" / DAY / "accepted.json"),
         metadata=metadata,
     )
     day.escaped = [f"canary {p}" for p in _canaries(root)]
@@ -236,6 +238,10 @@ def _dataset_rows(folder: Path) -> list[str]:
 
     data = load_from_disk(str(folder))
     return ["\n".join(m["content"] for m in row["messages"]) for split in data.values() for row in split]
+
+
+def _read_or_empty(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
 
 
 def _files_holding(root: Path, needle: bytes) -> list[str]:
@@ -292,7 +298,15 @@ def test_each_stages_harmless_control_reached_the_dataset(hostile_day: HostileDa
     assert {c.stage for c in controls} == set(get_args(Stage))
     delivered = hostile_day.deliveries.delivered()
     assert {c.name for c in controls} <= delivered
+    # Every control is accepted and handed to the dataset; an explanation goes on into the rows only while
+    # the analysis checks are precise enough on the labelled analyses (analysis_checks.MIN_PRECISION).
+    assert all(m in hostile_day.accepted for c in controls for m in c.markers)
+    gate = hostile_day.metadata["accepted_work"]["analysis_gate"]
+    trained = [c for c in controls if c.stage != "analysis" or gate["explanations_trained"]]
     missing = {
-        c.name: [m for m in c.markers if not any(m in row for row in hostile_day.rows)] for c in controls
+        c.name: [m for m in c.markers if not any(m in row for row in hostile_day.rows)] for c in trained
     }
     assert {name: lost for name, lost in missing.items() if lost} == {}, len(hostile_day.rows)
+    if not gate["explanations_trained"]:
+        assert not any("lanes control analysis" in row for row in hostile_day.rows)
+        assert hostile_day.metadata["accepted_work"]["explanations_left_out"] >= 1
