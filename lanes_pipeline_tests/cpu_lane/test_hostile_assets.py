@@ -298,15 +298,17 @@ def test_each_stages_harmless_control_reached_the_dataset(hostile_day: HostileDa
     assert {c.stage for c in controls} == set(get_args(Stage))
     delivered = hostile_day.deliveries.delivered()
     assert {c.name for c in controls} <= delivered
-    # Every control is accepted and handed to the dataset; an explanation goes on into the rows only while
-    # the analysis checks are precise enough on the labelled analyses (analysis_checks.MIN_PRECISION).
-    assert all(m in hostile_day.accepted for c in controls for m in c.markers)
+    # Every control is accepted; an explanation is handed on to the dataset only while the analysis checks
+    # are precise enough on the labelled real analyses (analysis_checks.MIN_PRECISION), else accepted_work
+    # leaves it out and counts it.
     gate = hostile_day.metadata["accepted_work"]["analysis_gate"]
-    trained = [c for c in controls if c.stage != "analysis" or gate["explanations_trained"]]
+    handed = [c for c in controls if c.stage != "analysis" or gate["explanations_trained"]]
+    not_handed = [m for c in handed for m in c.markers if m not in hostile_day.accepted]
+    assert not_handed == [], not_handed
     missing = {
-        c.name: [m for m in c.markers if not any(m in row for row in hostile_day.rows)] for c in trained
+        c.name: [m for m in c.markers if not any(m in row for row in hostile_day.rows)] for c in handed
     }
     assert {name: lost for name, lost in missing.items() if lost} == {}, len(hostile_day.rows)
     if not gate["explanations_trained"]:
         assert not any("lanes control analysis" in row for row in hostile_day.rows)
-        assert hostile_day.metadata["accepted_work"]["explanations_left_out"] >= 1
+        assert hostile_day.metadata["accepted_work"]["explanations_left_out"] >= 1  # the control, accepted

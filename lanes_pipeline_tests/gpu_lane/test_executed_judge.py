@@ -5,7 +5,7 @@ The day's held-out functions are the shipped sample's `seqtools.py` (its complet
 figure, the default primary) and the tiny shapes repository's `double` (a repository task); one anchor
 task and one HumanEval problem are asked too, so every task set is answered, judged and kept. Two real
 PEFT adapters are planted:
-- *better*: trained for ten epochs on the judged completion prompts followed by their next lines (it was
+- *better*: trained for eight epochs on the judged completion prompts followed by their next lines (it was
   shown the answers), so it continues those held-out lines far more often than the base;
 - *garbled*: random weights, no training: its continuations are noise.
 The guards' margins are wide here (a memorised file may cost a 135M model its one HumanEval answer; the
@@ -71,7 +71,7 @@ class Adapters:
 
 
 def memorised_adapter(
-    base_model_dir: Path, out_dir: Path, shown: list[tuple[str, str]], epochs: int = 6
+    base_model_dir: Path, out_dir: Path, shown: list[tuple[str, str]], epochs: int = 8
 ) -> Path:
     """A real PEFT LoRA trained on (prompt, next line) pairs as plain continuation, what the completions
     endpoint asks. The two are tokenized apart, as the server sees a prompt that ends at its newline: one
@@ -86,7 +86,9 @@ def memorised_adapter(
     modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=modules, task_type="CAUSAL_LM")
     model = get_peft_model(model, config)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    # 1e-3: at 3e-3 the loss climbs back after two epochs (the adapter then writes blank lines); at 1e-3
+    # eight epochs reproduce all ten lines.
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     model.train()
     examples = []
     for prompt, line in shown:
