@@ -1,13 +1,15 @@
 """Collect real CPU-lane analyses for the labelled fixture the explanation checks are measured on.
 
-The embedded CPU lane (llama-server, the configured model) analyses every symbol of the sample repository
-and of real packages nobody here wrote, exactly as `repo_analysis` does on a day (its asset, its prompts,
-its grammar). Each analysis is written with the symbol's source and today's gate verdict, unlabelled: a
-person labels each one `sound` (says what the symbol does, nothing false) or `nonsense`, with a short why.
+The embedded CPU lane (llama-server, the configured model) analyses the most referenced symbols (`--per-repo`)
+of the sample repository and of real packages nobody here wrote, exactly as `repo_analysis` does on a day
+(its asset, its prompts, its grammar). Each analysis is written with its symbol and the checks' verdict,
+unlabelled: a person labels each one `sound` (says what the symbol does, nothing false) or `nonsense`,
+with a short why, and adds them to lanes_pipeline/cpu_lane/jobs/analysis_labels.json (whose entries have
+this shape: `analysis_checks.LabelledAnalysis`).
 
-    .venv/bin/python tools/collect_analyses.py lanes_pipeline_tests/fixtures/analyses/collected.json
+    .venv/bin/python tools/collect_analyses.py /tmp/collected.json
 
-Refuses to overwrite an existing file (labels are work). Minutes on two cores.
+Refuses to overwrite an existing file (labels are work). A few minutes on two cores.
 """
 
 from __future__ import annotations
