@@ -239,6 +239,7 @@ def lora_dataset(
         dataset_config.near_duplicate_threshold,
         dataset_config.max_share,
     )
+    shares = shaped.train_shares()
     target = store.folder("lora_dataset", day)
     with store.atomic_folder(target) as staging:
         save_dataset(shaped, staging)
@@ -250,7 +251,7 @@ def lora_dataset(
         {
             "report.json": {
                 "counts": shaped.counts(),
-                "train_shares": shaped.train_shares(),
+                "train_shares": shares,
                 "max_share": dataset_config.max_share,
                 "dropped": [d.model_dump() for d in shaped.dropped],
             }
@@ -267,7 +268,7 @@ def lora_dataset(
                 row_count=counts["train_rows"] + counts["eval_rows"],
             ).metadata(),
             "max_seq_len": training.max_seq_len,
-            "train_shares": MetadataValue.json(shaped.train_shares()),
+            "train_shares": MetadataValue.json(shares),
             "dropped": md_table(
                 ["task", "repo", "path", "reason", "detail"],
                 [(d.task, d.repo, d.path, d.reason, d.detail) for d in shaped.dropped],
