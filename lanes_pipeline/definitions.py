@@ -21,6 +21,7 @@ from lanes_pipeline.cpu_lane.assets import (
     refactor_proposals,
     repo_analysis,
     repo_snapshot,
+    verified_bodies,
 )
 from lanes_pipeline.cpu_lane.checks import build_checks
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
@@ -59,6 +60,7 @@ CPU_DAY_MODULES = [
     generated_tests,
     generated_docs,
     refactor_proposals,
+    verified_bodies,
     accepted_work,
     dataset,
 ]

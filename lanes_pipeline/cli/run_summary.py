@@ -189,6 +189,10 @@ RESULTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "generated_tests": _tests,
     "generated_docs": _docs,
     "refactor_proposals": _diffs,
+    "verified_bodies": lambda m: (
+        f"{m.get('bodies_accepted', 0)} of {m.get('bodies/sampled', 0)} sampled bodies passed; "
+        f"{m.get('targets_testable', 0)} of {m.get('targets', 0)} functions with tests that judge"
+    ),
     "accepted_work": lambda m: f"{m.get('candidates', 0)} accepted results",
     "held_out_tasks": lambda m: (
         f"{m.get('held_out_tasks', 0)} held-out tasks, {m.get('functions_to_teach', 0)} functions to teach"

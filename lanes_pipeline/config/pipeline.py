@@ -46,6 +46,13 @@ class CpuAssetsConfig(StrictModel):
     analysis_max_tokens: int = Field(256, ge=16)
     tests_max_tokens: int = Field(320, ge=16)
     refactor_max_tokens: int = Field(320, ge=16)
+    body_samples: int = Field(
+        4,
+        ge=0,
+        description="bodies sampled per function to teach (verified_bodies: kept if its tests pass); 0: none",
+    )
+    body_temperature: float = Field(0.8, gt=0, le=2, description="sampling temperature of those bodies")
+    body_max_tokens: int = Field(384, ge=16)
     max_unparseable_ratio: float = Field(0.5, ge=0, le=1, description="asset check on repo_analysis")
     sandbox: SandboxLimits = SandboxLimits()
 

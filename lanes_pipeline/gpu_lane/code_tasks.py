@@ -8,7 +8,6 @@ CLI would send through the chat endpoint, in the same chat format the adapter wa
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,7 +19,6 @@ from lanes_pipeline.http import ChatMessage, ChatRequest, OpenAIClient
 # A loop: the answer's last 4-40 tokens repeated 5 times in a row. Such an answer runs to max_tokens and
 # fails either way; ended here it costs a fifth of the tokens (vLLM's repetition_detection).
 LOOP_STOP = {"min_pattern_size": 4, "max_pattern_size": 40, "min_count": 5}
-CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
 
 class CodeTask(BaseModel):
@@ -53,14 +51,6 @@ class PassRate(BaseModel):
         passed = sum(o.passed for o in outcomes)
         rate = round(passed / len(outcomes), 4) if outcomes else 0.0
         return cls(model=model, passed=passed, total=len(outcomes), rate=rate, outcomes=list(outcomes))
-
-
-def extract_code(answer: str) -> str:
-    """The code of an answer: its fenced blocks joined (a closing fence cut off by max_tokens is fine), or
-    the whole answer when it has none."""
-    blocks = [b.strip("\n") for b in CODE_BLOCK.findall(answer)]
-    blocks = [b for b in blocks if b.strip()]
-    return "\n\n".join(blocks) + "\n" if blocks else answer.strip("\n") + "\n"
 
 
 def ask(

@@ -27,7 +27,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lanes_pipeline.config.models import ExecutedEvalConfig
-from lanes_pipeline.gpu_lane.code_tasks import CodeTask, PassRate, TaskOutcome, answers, extract_code
+from lanes_pipeline.dataset.body_check import extract_code
+from lanes_pipeline.gpu_lane.code_tasks import CodeTask, PassRate, TaskOutcome, answers
 from lanes_pipeline.http import OpenAIClient
 from lanes_pipeline.sandbox.isolation import (
     SCRATCH,

@@ -8,15 +8,12 @@ repository's own and the CPU lane's accepted ones, all passing on the real code)
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
+from lanes_pipeline.dataset.body_check import failed_tests, function_sandbox, replacement
 from lanes_pipeline.dataset.contract import user_prompt
-from lanes_pipeline.dataset.held_out_tasks import HeldOutDay, cpu_test_path
+from lanes_pipeline.dataset.held_out_tasks import HeldOutDay
 from lanes_pipeline.dataset.holdout_rules import HeldOutFunction, body_request
-from lanes_pipeline.gpu_lane.code_tasks import CodeTask, TaskOutcome, extract_code
-from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest_outcomes
-from lanes_pipeline.sandbox.python_source import parse_python
+from lanes_pipeline.gpu_lane.code_tasks import CodeTask, TaskOutcome
+from lanes_pipeline.sandbox.isolation import Isolation
 from lanes_pipeline.settings import SandboxLimits
 
 
@@ -31,33 +28,6 @@ def body_task(function: HeldOutFunction, system_prompt: str) -> CodeTask:
     return CodeTask(name=task_name(function), system=system_prompt, prompt=prompt)
 
 
-def replacement(answer: str, name: str) -> str | None:
-    """The answer's `def name` with the imports it wrote, as module-level source; None without one."""
-    code = extract_code(answer)
-    try:
-        tree = parse_python(code)
-    except SyntaxError:
-        return None
-    found = next(
-        (n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name),
-        None,
-    )
-    if found is None:
-        return None
-    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
-    parts = [ast.get_source_segment(code, n, padded=False) or "" for n in [*imports, found]]
-    decorators = "".join(f"@{ast.get_source_segment(code, d)}\n" for d in found.decorator_list)
-    parts[-1] = decorators + parts[-1]
-    return "\n".join(parts) + "\n"
-
-
-def splice(module_source: str, function: HeldOutFunction, new_source: str) -> str:
-    """The module with the real function (its lines, decorators included) replaced by `new_source`."""
-    lines = module_source.splitlines(keepends=True)
-    symbol = function.symbol
-    return "".join([*lines[: symbol.start_line - 1], new_source, *lines[symbol.end_line :]])
-
-
 def judge_body(
     function: HeldOutFunction, answer: str, limits: SandboxLimits, isolation: Isolation | None = None
 ) -> TaskOutcome:
@@ -66,18 +36,9 @@ def judge_body(
     new_source = replacement(answer, function.symbol.name)
     if new_source is None:
         return TaskOutcome(name=name, passed=False, reason=f"no parseable `def {function.symbol.name}`")
-    location = Path(function.location)
-    with open_sandbox(location, function.commit, limits, isolation) as sandbox:
-        module = sandbox.worktree / function.symbol.path
-        sandbox.write(function.symbol.path, splice(module.read_text("utf-8"), function, new_source))
-        for index, code in enumerate(function.cpu_tests):
-            sandbox.write(cpu_test_path(function, index), code)
-        targets = [
-            *function.repo_tests,
-            *(cpu_test_path(function, i) for i in range(len(function.cpu_tests))),
-        ]
-        outcomes = run_pytest_outcomes(sandbox, targets)
-    failed = sorted(node for node, outcome in outcomes.items() if outcome != "passed")
+    with function_sandbox(function, limits, isolation) as tests:
+        outcomes = tests.outcomes(new_source)
+    failed = failed_tests(outcomes)
     if not outcomes:
         return TaskOutcome(name=name, passed=False, reason="the tests did not run (import error or timeout)")
     if failed:

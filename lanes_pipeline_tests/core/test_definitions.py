@@ -98,6 +98,7 @@ def test_every_asset_declares_each_asset_it_reads() -> None:
         "generated_tests",
         "generated_docs",
         "refactor_proposals",
+        "verified_bodies",
     }
     assert found["lora_dataset"] == {"accepted_work", "held_out_tasks"}
     assert {"held_out_tasks", "lora_dataset"} <= found["adapter_evaluation"]

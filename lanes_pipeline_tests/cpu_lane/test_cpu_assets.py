@@ -118,6 +118,7 @@ ASSETS = {
     "repo_analysis": "cpu_lane",
     "generated_tests": "cpu_lane",
     "refactor_proposals": "cpu_lane",
+    "verified_bodies": "cpu_lane",
     "accepted_work": "cpu_lane",
     "held_out_tasks": "dataset",
     "lora_dataset": "dataset",
@@ -198,6 +199,8 @@ class Pipeline:
             samples_per_item=2,
             tests_max_tokens=160,
             refactor_max_tokens=128,
+            body_samples=2,
+            body_max_tokens=128,
             sandbox={"timeout_s": 30, "memory_mb": 1024, "runs": 3},
         )
         write_config(config_dir / "pipeline.yaml", pipeline)
@@ -291,6 +294,16 @@ def test_day1_runs_in_full_and_leaves_hostile_files_out(runs: dict[str, Any]) ->
     for item in (*tests, *diffs):
         assert item["verdict"] in TEST_VERDICTS | DIFF_VERDICTS
         assert item["verdict"] in {"passed", "accepted"} or item["reason"]
+    # rectangle_area is not held out and its tests fail on it gutted: sampled twice, each body judged, the
+    # real body kept as a "write the body" candidate.
+    bodies = day1.metadata["verified_bodies"]
+    assert (bodies["targets"], bodies["targets_testable"], bodies["body_samples"]) == (1, 1, 2)
+    assert bodies["llm_requests"] >= 2 and bodies["bodies/sampled"] == 2
+    assert bodies["training_rows"] == 1 + bodies["bodies_accepted"]
+    assert day1.metadata["accepted_work"]["candidates_write_body"] == bodies["training_rows"]
+    verdicts = runs["pipeline"].results("verified_bodies", "2026-11-01")
+    assert [(v["symbol"], v["sample"]) for v in verdicts] == [("rectangle_area", s) for s in (None, 0, 1)]
+    assert all(v["reason"] for v in verdicts)
     assert day1.checks["lora_dataset_has_no_secrets"] is True
     assert day1.checks["lora_dataset_holds_out_symbols"] is True  # no held-out body in a training row
     assert set(day1.checks) == {
@@ -325,6 +338,8 @@ def test_day2_asks_only_for_the_new_symbol_and_the_backlog(runs: dict[str, Any])
     tested = [t["symbol"] for t in pipeline.results("generated_tests", "2026-11-02")]
     assert analysed == proposed == tested == ["rectangle_perimeter", "inches_to_cm"]
     assert day2["repo_analysis"]["symbols"] == 3  # coverage counts every symbol of the repository
+    # Both of the day's functions are held out: their bodies are what the judge asks for, never sampled.
+    assert (day2["verified_bodies"]["targets"], day2["verified_bodies"]["llm_requests"]) == (0, 0)
 
 
 def test_a_day_without_change_costs_no_request(runs: dict[str, Any]) -> None:
@@ -405,6 +420,7 @@ def test_cpu_lane_assets_are_registered_daily_with_their_pool_and_checks() -> No
         "repo_analysis": {"cpu_lane"},
         "generated_tests": {"cpu_lane"},
         "refactor_proposals": {"cpu_lane"},
+        "verified_bodies": {"cpu_lane"},
         "accepted_work": set(),
         "held_out_tasks": set(),
         "lora_dataset": set(),

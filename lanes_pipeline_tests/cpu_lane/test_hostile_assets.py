@@ -146,6 +146,10 @@ def _configure(root: Path, settings: Settings, samples_per_item: int) -> tuple[P
         analysis_max_tokens=480,  # room for the longest entry of each stage (tokens <= characters)
         tests_max_tokens=480,
         refactor_max_tokens=480,
+        # The corpus has no stage of function bodies (its texts are not written for a named function, so
+        # every one would end as no_def): verified_bodies asks nothing here. A body runs in the same
+        # sandbox as the GPU lane's repository tasks (dataset/body_check.py).
+        body_samples=0,
         sandbox={"timeout_s": 10, "memory_mb": 1024, "runs": 1},
     )
     write_config(config_dir / "pipeline.yaml", pipeline)

@@ -48,6 +48,7 @@ EVERY_DAY = (
     "repo_analysis",
     "generated_tests",
     "refactor_proposals",
+    "verified_bodies",
     "accepted_work",
     "held_out_tasks",
     "lora_dataset",

@@ -61,6 +61,7 @@ def test_make_run_is_the_whole_day_and_a_rerun_asks_nothing(
         "repo_analysis",
         "generated_tests",
         "refactor_proposals",
+        "verified_bodies",
         "accepted_work",
         "held_out_tasks",
         "lora_dataset",

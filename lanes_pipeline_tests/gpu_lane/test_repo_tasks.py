@@ -9,16 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from lanes_pipeline.dataset.body_check import replacement, splice
 from lanes_pipeline.dataset.held_out_tasks import HeldOutDay, held_out_of_repo, load_held_out
 from lanes_pipeline.dataset.holdout_rules import HeldOutFunction, body_candidate
 from lanes_pipeline.dataset.writer import render
-from lanes_pipeline.gpu_lane.repo_tasks import (
-    body_task,
-    day_tasks,
-    judge_body,
-    replacement,
-    splice,
-)
+from lanes_pipeline.gpu_lane.repo_tasks import body_task, day_tasks, judge_body
 from lanes_pipeline.repos.snapshot import FileEntry, Snapshot
 from lanes_pipeline.sandbox.isolation import detect_isolation
 from lanes_pipeline.settings import SandboxLimits

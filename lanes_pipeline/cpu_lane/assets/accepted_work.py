@@ -1,7 +1,8 @@
 """`accepted_work`: the day's verified CPU-lane results in the dataset contract's terms (dataset/writer.py's
 AcceptedWork), the one thing the dataset reads from the CPU lane: explain <- accepted analyses, write tests
-<- accepted tests, write docs <- accepted docstrings, propose a diff <- accepted diffs, each with the code it
-answers at the day's commit; and the accepted tests of each symbol, which judge the held-out tasks."""
+<- accepted tests, write docs <- accepted docstrings, propose a diff <- accepted diffs, write the body <-
+verified bodies, each with the code it answers at the day's commit; and the accepted tests of each symbol,
+which judge the held-out tasks."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from pathlib import Path
@@ -14,10 +15,18 @@ from lanes_pipeline.cpu_lane.assets.generated_tests import generated_tests
 from lanes_pipeline.cpu_lane.assets.refactor_proposals import refactor_proposals
 from lanes_pipeline.cpu_lane.assets.repo_analysis import repo_analysis
 from lanes_pipeline.cpu_lane.assets.repo_snapshot import repo_snapshot
+from lanes_pipeline.cpu_lane.assets.verified_bodies import verified_bodies
 from lanes_pipeline.cpu_lane.jobs.analysis_checks import MIN_PRECISION, gate_precision, load_labels
 from lanes_pipeline.cpu_lane.jobs.docstrings import docs_candidates
-from lanes_pipeline.cpu_lane.jobs.rows import AnalysisRow, GeneratedDocRow, GeneratedTestRow, RefactorRow
+from lanes_pipeline.cpu_lane.jobs.rows import (
+    AnalysisRow,
+    GeneratedDocRow,
+    GeneratedTestRow,
+    RefactorRow,
+    tests_by_symbol,
+)
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis
+from lanes_pipeline.cpu_lane.jobs.verified_bodies import SampledBody
 from lanes_pipeline.daily.artifacts import write_partition
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.dataset.contract import TASKS
@@ -112,19 +121,28 @@ def candidates_of_day(
     return found
 
 
+def body_candidates(bodies: list[SampledBody]) -> list[Candidate]:
+    """The verified bodies that train (each accepted sample, and the real body of each function whose tests
+    can judge one) as "write the body" rows: the same request as the repository tasks. Pure."""
+    return [
+        Candidate(
+            task="write_body",
+            repo=body.repo,
+            path=body.path,
+            code=body.request,
+            answer=f"```python\n{body.body.rstrip()}\n```",
+            symbol=body.symbol,
+            code_is_file=False,
+        )
+        for body in bodies
+        if body.trains and body.body is not None
+    ]
+
+
 def _symbols_of(repo: str, sources: dict[tuple[str, str], str]) -> dict[tuple[str, str], Symbol]:
     """(path, name) -> symbol, scanned with the whole repository (callees' context crosses modules)."""
     scans = scan_repo({path: text for (name, path), text in sources.items() if name == repo})
     return {(s.path, s.name): s for s in all_symbols(scans)}
-
-
-def tests_by_symbol(rows: list[GeneratedTestRow]) -> dict[str, dict[str, list[str]]]:
-    """repo -> symbol name -> the day's accepted test modules for it. Pure."""
-    found: dict[str, dict[str, list[str]]] = {}
-    for row in rows:
-        if row.accepted and row.code is not None and row.symbol is not None:
-            found.setdefault(row.repo, {}).setdefault(row.symbol, []).append(row.code)
-    return found
 
 
 def day_sources(located: list[tuple[Snapshot, Path]]) -> dict[tuple[str, str], str]:
@@ -141,9 +159,9 @@ def day_sources(located: list[tuple[Snapshot, Path]]) -> dict[tuple[str, str], s
 @asset(
     group_name="cpu_lane",
     # Every asset whose results it reads: the day's snapshots, and the accepted work of each job.
-    deps=[repo_snapshot, repo_analysis, generated_tests, refactor_proposals, generated_docs],
+    deps=[repo_snapshot, repo_analysis, generated_tests, refactor_proposals, generated_docs, verified_bodies],
     description="The day's accepted CPU-lane results as dataset candidates (explain, write tests, write "
-    "docs, propose a diff), and each symbol's accepted tests.",
+    "docs, propose a diff, write the body), and each symbol's accepted tests.",
 )
 @asset_step
 def accepted_work(
@@ -166,6 +184,7 @@ def accepted_work(
         sources,
     )
     candidates += docs_candidates(read_results(store, "generated_docs", day, GeneratedDocRow), sources)
+    candidates += body_candidates(read_results(store, "verified_bodies", day, SampledBody))
     # The analysis checks vouch for an explanation only as far as their precision on labelled real
     # analyses goes: below MIN_PRECISION, explanations would teach the adapter nonsense.
     gate = gate_precision(load_labels())

@@ -267,3 +267,12 @@ class RefactorFigures(Figures):
     symbols: int = 0
     symbols_with_accepted_proposal: int = 0
     proposal_coverage: float = 0.0
+
+
+def tests_by_symbol(rows: list[GeneratedTestRow]) -> dict[str, dict[str, list[str]]]:
+    """repo -> symbol name -> the day's accepted test modules for it. Pure."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for row in rows:
+        if row.accepted and row.code is not None and row.symbol is not None:
+            found.setdefault(row.repo, {}).setdefault(row.symbol, []).append(row.code)
+    return found
