@@ -16,9 +16,15 @@ symbols, LoRA training, executed evaluation, promotion. Then, on the same vLLM:
   answers.json, copied out of the temporary data folder to data/bench/learning_answers/.
 
 The CPU lane runs on a smaller budget than the shipped one (CPU_BUDGET, reported as `cpu_budget`);
-`LANES_LEARNING_DAYS=N` runs the first N days only (reported as `days_run`). Variants
-(`LANES_LEARNING_VARIANTS=shipped_budget,samples8,...`): the same run again with one lever changed, so the
-report shows which lever moves a figure (each variant is a whole run: hours on two cores).
+`LANES_LEARNING_DAYS=N` runs the first N days only (reported as `days_run`).
+
+`variants` shows which lever moved which figure: each of LEVERS removes one of the training data's levers
+(verified bodies, completion rows, replay) or puts the old recipe back, on the default run's own CPU-lane
+work: in the same data folder after it, every day again with the lever's configs, so the CPU lane answers
+from its caches, and the base's answers come back from the judge's answer cache; only the dataset, the
+training and the candidates' answers are new. Each variant has its own adapter prefix and registry.
+`LANES_LEARNING_VARIANTS` picks them (by default every lever; `none` for none), and may name whole-run
+variants too (VARIANTS: the CPU budget or the recipe changed, every day from an empty folder: hours).
 """
 
 from __future__ import annotations
@@ -71,7 +77,23 @@ SECOND_EXCLUDE = ["test/**", "setup.py", "benchmark.py"]
 # depend on it (its tasks are the repositories' held-out functions); training rows do: the variant
 # `shipped_budget` runs the shipped values.
 CPU_BUDGET: dict[str, Any] = {"pipeline": {"cpu_assets": {"backlog_per_day": 6, "samples_per_item": 2}}}
-# One lever each, on top of CPU_BUDGET.
+# Issue 28's levers, each taken away alone on the default run's CPU-lane work (run_levers).
+LEVERS: dict[str, dict[str, Any]] = {
+    "no_verified_bodies": {"pipeline": {"cpu_assets": {"body_samples": 0}}},
+    "no_completion_rows": {"pipeline": {"dataset": {"completion_cuts": 0}}},
+    "no_replay": {"pipeline": {"dataset": {"replay_functions": 0}}},
+    # 30 fixed steps, lr 2e-4, no warmup, the last step kept: the recipe before epochs and checkpoints.
+    "old_recipe": {
+        "training": {
+            "max_steps": 30,
+            "learning_rate": 2e-4,
+            "warmup_steps": 0,
+            "checkpoints": 1,
+            "validation_percent": 0,
+        }
+    },
+}
+# Whole runs from an empty folder, one lever each, on top of CPU_BUDGET.
 VARIANTS: dict[str, dict[str, Any]] = {
     "shipped_budget": {"pipeline": {"cpu_assets": {"backlog_per_day": 20, "samples_per_item": 4}}},
     "samples8": {"pipeline": {"cpu_assets": {"samples_per_item": 8}}},
@@ -97,7 +119,17 @@ def budget_configs(config_dir: Path, target: Path, variant: dict[str, Any] | Non
     return target
 
 
-def _resources(settings: Settings, root: Path, cpu_url: str, gpu_url: str) -> dict[str, Any]:
+def lever_configs(config_dir: Path, name: str, target: Path) -> Path:
+    """The run's configs with lever `name` taken away, and adapters of its own (`<name>-<day>`, alias
+    `<name>-current`) beside the default run's on the same vLLM."""
+    variant_configs(config_dir, LEVERS[name], target)
+    edit_config_file(target / "lanes.yaml", {"gpu_lane": {"adapter_prefix": name.replace("_", "-")}})
+    return target
+
+
+def _resources(
+    settings: Settings, root: Path, cpu_url: str, gpu_url: str, adapters: str = "adapters"
+) -> dict[str, Any]:
     lanes = settings.lanes
     return {
         "cpu_lane": CpuLaneResource.from_lanes(lanes, base_url=cpu_url),
@@ -108,7 +140,7 @@ def _resources(settings: Settings, root: Path, cpu_url: str, gpu_url: str) -> di
         ),
         "artifact_store": ArtifactStoreResource(root=str(root / "artifacts")),
         "pipeline_settings": PipelineSettingsResource(config_dir=str(settings.config_dir)),
-        "adapter_registry": AdapterRegistryResource(adapters_dir=str(root / "adapters")),
+        "adapter_registry": AdapterRegistryResource(adapters_dir=str(root / adapters)),
         "lora_training": LoraTrainingResource.from_config(settings.training),
     }
 
@@ -302,7 +334,30 @@ def with_release_history(settings: Settings, root: Path) -> Settings:
     return load_settings(configs)
 
 
-def run_once(settings: Settings) -> dict[str, Any]:
+def variant_row(name: str, changed: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """One line of `results.learning.variants`."""
+    keep = ("promotions", "rejections", "served_version", "served", "base", "targets", "days", "failed_days")
+    return {"name": name, "changed": changed} | {k: run[k] for k in keep if k in run}
+
+
+def run_levers(
+    fresh: Settings, root: Path, cpu_url: str, gpu_url: str, names: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Each lever taken away in turn, on the CPU-lane work the default run left in `root` (run_once)."""
+    rows = []
+    for name in names:
+        print(f"[bench] learning: variant {name}: {LEVERS[name]}", flush=True)
+        settings = load_settings(lever_configs(fresh.config_dir, name, root / f"configs-{name}"))
+        resources = _resources(settings, root, cpu_url, gpu_url, adapters=f"adapters-{name}")
+        failed = _backfill(settings, resources, bench_days())
+        store = ArtifactStore(root / "artifacts")
+        points = load_points(store)
+        out = summarize(points, resources["adapter_registry"].registry(), {}, _decisions(store, points))
+        rows.append(variant_row(name, LEVERS[name], out | {"failed_days": failed}))
+    return rows
+
+
+def run_once(settings: Settings, levers: Sequence[str] = ()) -> dict[str, Any]:
     with empty_data_dir(settings.data_dir) as root:
         fresh = with_release_history(load_settings(settings.config_dir), root)
         cpu, gpu = (
@@ -324,11 +379,13 @@ def run_once(settings: Settings) -> dict[str, Any]:
             # the registry and the answers live in the temporary folder: everything is read before it goes
             out = summarize(points, registry, humaneval, decisions)
             out["answers"] = _kept_answers(store, points, settings.data_dir / "bench" / "learning_answers")
+            markdown = markdown_table(points) if points else "no day was evaluated"
+            out["variants"] = run_levers(fresh, root, cpu.url, gpu.url, levers)
         finally:
             gpu.stop()
             cpu.stop()
     out["failed_days"] = failed
-    out["markdown"] = markdown_table(points) if points else "no day was evaluated"
+    out["markdown"] = markdown
     return out
 
 
@@ -349,23 +406,32 @@ def gpu_alias(settings: Settings) -> str:
     return GpuLaneResource.from_config(settings.lanes.gpu_lane).alias_name
 
 
-def run(settings: Settings) -> dict[str, Any]:
-    wanted = [v for v in os.environ.get("LANES_LEARNING_VARIANTS", "").split(",") if v]
-    unknown = [v for v in wanted if v not in VARIANTS]
+def wanted_variants(value: str | None) -> list[str]:
+    """`LANES_LEARNING_VARIANTS`: unset, every lever; `none`, none; else the names, comma-separated."""
+    if value is None:
+        return list(LEVERS)
+    if value.strip() == "none":
+        return []
+    wanted = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in wanted if v not in LEVERS and v not in VARIANTS]
     if unknown:
-        raise ValueError(f"LANES_LEARNING_VARIANTS: unknown {unknown}; known: {sorted(VARIANTS)}")
+        known = sorted([*LEVERS, *VARIANTS])
+        raise ValueError(f"LANES_LEARNING_VARIANTS: unknown {unknown}; known: {known}, or none")
+    return wanted
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    wanted = wanted_variants(os.environ.get("LANES_LEARNING_VARIANTS"))
     with _sigterm_unwinds():
         with tempfile.TemporaryDirectory(prefix="lanes-learning-") as folder:
             configs = budget_configs(settings.config_dir, Path(folder) / "configs")
-            result = run_once(load_settings(configs))
+            result = run_once(load_settings(configs), [v for v in wanted if v in LEVERS])
         result["cpu_budget"] = CPU_BUDGET["pipeline"]["cpu_assets"]
         result["days_run"] = bench_days()
-        result["variants"] = {}
-        for name in wanted:
+        for name in [v for v in wanted if v in VARIANTS]:
             print(f"[bench] learning: variant {name}: {VARIANTS[name]}", flush=True)
             with tempfile.TemporaryDirectory(prefix=f"lanes-learning-{name}-") as folder:
                 configs = budget_configs(settings.config_dir, Path(folder) / "configs", VARIANTS[name])
                 variant = run_once(load_settings(configs))
-            keep = ("base", "served", "promotions", "rejections", "targets", "failed_days")
-            result["variants"][name] = {"changed": VARIANTS[name]} | {k: variant[k] for k in keep}
+            result["variants"].append(variant_row(name, VARIANTS[name], variant))
     return result

@@ -9,11 +9,15 @@ import pytest
 
 from lanes_pipeline.bench.learning import (
     CPU_BUDGET,
+    LEVERS,
     bench_days,
     budget_configs,
+    lever_configs,
     summarize,
     targets,
     variant_configs,
+    variant_row,
+    wanted_variants,
 )
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint, paired_decision
@@ -116,3 +120,35 @@ def test_a_shorter_run_takes_the_first_days(monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setenv("LANES_LEARNING_DAYS", wrong)
         with pytest.raises(ValueError, match="LANES_LEARNING_DAYS"):
             bench_days()
+
+
+def test_each_lever_variant_takes_one_lever_away_under_its_own_adapter_names(tmp_path: Path) -> None:
+    run = budget_configs(default_config_dir(), tmp_path / "run")
+    default = load_settings(run)
+    assert default.pipeline.cpu_assets.body_samples > 0 and default.pipeline.dataset.completion_cuts > 0
+    assert default.pipeline.dataset.replay_functions > 0 and default.training.max_steps is None
+    taken = {
+        "no_verified_bodies": lambda s: s.pipeline.cpu_assets.body_samples == 0,
+        "no_completion_rows": lambda s: s.pipeline.dataset.completion_cuts == 0,
+        "no_replay": lambda s: s.pipeline.dataset.replay_functions == 0,
+        "old_recipe": lambda s: (
+            (s.training.max_steps, s.training.learning_rate, s.training.checkpoints) == (30, 2e-4, 1)
+        ),
+    }
+    assert set(taken) == set(LEVERS)
+    for name, lever_away in taken.items():
+        variant = load_settings(lever_configs(run, name, tmp_path / name))
+        assert lever_away(variant) and not lever_away(default), name
+        # its own adapters beside the default run's on the same vLLM; the CPU budget stays
+        assert variant.lanes.gpu_lane.alias_name == f"{name.replace('_', '-')}-current"
+        assert variant.pipeline.cpu_assets.backlog_per_day == default.pipeline.cpu_assets.backlog_per_day
+
+
+def test_the_variants_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert wanted_variants(None) == list(LEVERS)
+    assert wanted_variants("none") == []
+    assert wanted_variants("no_replay, shipped_budget") == ["no_replay", "shipped_budget"]
+    with pytest.raises(ValueError, match=r"LANES_LEARNING_VARIANTS: unknown \['no_such'\]"):
+        wanted_variants("no_replay,no_such")
+    row = variant_row("no_replay", LEVERS["no_replay"], {"promotions": 1, "served": {"a": 1}, "curve": []})
+    assert row == {"name": "no_replay", "changed": LEVERS["no_replay"], "promotions": 1, "served": {"a": 1}}
