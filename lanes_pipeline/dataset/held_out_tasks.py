@@ -27,10 +27,11 @@ from lanes_pipeline.dataset.holdout_rules import (
     fresh_functions,
     held_out_symbols,
     is_held_out,
+    judged_function,
     leaked,
 )
 from lanes_pipeline.git import ls_tree, read_blobs
-from lanes_pipeline.repos.scan import function_stub, symbols_at
+from lanes_pipeline.repos.scan import symbols_at
 from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest_outcomes
@@ -95,15 +96,7 @@ def _candidates(
     accepted: Mapping[str, list[str]],
 ) -> list[HeldOutFunction]:
     return [
-        HeldOutFunction(
-            repo=repo,
-            location=str(location),
-            commit=commit,
-            symbol=symbol,
-            stub=function_stub(symbol),
-            repo_tests=calling_tests(tests, symbol.name),
-            cpu_tests=accepted.get(symbol.name, []),
-        )
+        judged_function(repo, str(location), commit, symbol, tests, accepted)
         for symbol in held
         if symbol.kind == "function"
     ]

@@ -29,8 +29,9 @@ MIN_BODY_CHARS = 12  # a body shorter than this ("return x") is too common to ca
 
 
 class HeldOutFunction(BaseModel):
-    """One held-out function and what judging an answer about it needs: the repository at the day's
-    commit, the function, the repository's own tests that call it, and the CPU lane's accepted tests."""
+    """A function and what judging a body of it needs: the repository at the day's commit, the function,
+    the repository's own tests that call it, and the CPU lane's accepted tests. A held-out one is a GPU-lane
+    repository task; the CPU lane's verified bodies judge its samples of a taught one the same way."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -129,6 +130,28 @@ def calling_tests(test_sources: Mapping[str, str], name: str) -> list[str]:
         for _, node in test_functions(path, source)
         if name in names_in(node)
     ]
+
+
+def judged_function(
+    repo: str,
+    location: str,
+    commit: str,
+    symbol: Symbol,
+    test_sources: Mapping[str, str],
+    accepted: Mapping[str, list[str]],
+) -> HeldOutFunction:
+    """A function with the tests that judge a body of it: the repository's tests that call it and the CPU
+    lane's accepted test modules for it (a held-out one's are the GPU lane's task; a taught one's judge the
+    CPU lane's verified bodies)."""
+    return HeldOutFunction(
+        repo=repo,
+        location=location,
+        commit=commit,
+        symbol=symbol,
+        stub=function_stub(symbol),
+        repo_tests=calling_tests(test_sources, symbol.name),
+        cpu_tests=list(accepted.get(symbol.name, [])),
+    )
 
 
 def route(

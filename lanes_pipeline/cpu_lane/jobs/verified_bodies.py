@@ -28,9 +28,8 @@ from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import samples_of
 from lanes_pipeline.dataset.body_check import function_sandbox, replacement
 from lanes_pipeline.dataset.contract import user_prompt
-from lanes_pipeline.dataset.holdout_rules import HeldOutFunction, body_request, calling_tests, is_held_out
+from lanes_pipeline.dataset.holdout_rules import HeldOutFunction, body_request, is_held_out, judged_function
 from lanes_pipeline.http import ChatMessage
-from lanes_pipeline.repos.scan import function_stub
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation
 from lanes_pipeline.sandbox.python_source import parse_python
@@ -76,20 +75,9 @@ def body_targets(
     for symbol in symbols:
         if symbol.kind != "function" or is_held_out(repo, symbol.id, held_out_percent):
             continue
-        repo_tests = calling_tests(test_sources, symbol.name)
-        cpu_tests = list(accepted_tests.get(symbol.name, []))
-        if repo_tests or cpu_tests:
-            found.append(
-                HeldOutFunction(
-                    repo=repo,
-                    location=str(location),
-                    commit=commit,
-                    symbol=symbol,
-                    stub=function_stub(symbol),
-                    repo_tests=repo_tests,
-                    cpu_tests=cpu_tests,
-                )
-            )
+        function = judged_function(repo, str(location), commit, symbol, test_sources, accepted_tests)
+        if function.repo_tests or function.cpu_tests:
+            found.append(function)
     return found
 
 
