@@ -19,7 +19,8 @@ The CPU lane runs on a smaller budget than the shipped one (CPU_BUDGET, reported
 `LANES_LEARNING_DAYS=N` runs the first N days only (reported as `days_run`).
 
 `variants` shows which lever moved which figure: each of LEVERS removes one of the training data's levers
-(verified bodies, completion rows, replay) or puts the old recipe back, on the default run's own CPU-lane
+(verified bodies, completion rows, replay), puts the old recipe back, or trains each day on from the adapter
+served before it (`from_current`, against the default's fresh LoRA a day), on the default run's own CPU-lane
 work: in the same data folder after it, every day again with the lever's configs, so the CPU lane answers
 from its caches, and the base's answers come back from the judge's answer cache; only the dataset, the
 training and the candidates' answers are new. Each variant has its own adapter prefix and registry.
@@ -92,6 +93,8 @@ LEVERS: dict[str, dict[str, Any]] = {
             "validation_percent": 0,
         }
     },
+    # Not a lever taken away: each day trained on from the adapter served before it instead of from the base.
+    "from_current": {"training": {"start_from": "current"}},
 }
 # Whole runs from an empty folder, one lever each, on top of CPU_BUDGET.
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -416,6 +416,11 @@ class TrainingConfig(StrictModel):
     packing: bool = False
     seed: int = 0
     replay_window_days: int = Field(7, ge=1)
+    start_from: Literal["base", "current"] = Field(
+        "base",
+        description="base: each day's adapter starts as a fresh LoRA; current: from the weights of the "
+        "adapter served before that day (the learning benchmark's variant from_current measures the two)",
+    )
     trainer: Literal["loop", "trl"] = Field("loop", description="our loop, or TRL's SFTTrainer ([bench])")
     launcher: Literal["single", "accelerate"] = Field(
         "single",
@@ -478,4 +483,6 @@ class TrainingConfig(StrictModel):
     def _steps_or_epochs_set(self) -> TrainingConfig:
         if self.max_steps is None and self.epochs is None:
             raise ValueError("set exactly one of max_steps and epochs")
+        if self.start_from == "current" and self.trainer == "trl":  # TRL's baseline always starts fresh
+            raise ValueError("start_from: current trains on with our loop only (trainer: loop)")
         return self

@@ -56,7 +56,13 @@ from lanes_pipeline.gpu_lane.evaluation_record import (
 )
 from lanes_pipeline.gpu_lane.judge_tasks import DayTasks
 from lanes_pipeline.gpu_lane.learning_report import LEARNING_FILE, learning_line, plot_metadata
-from lanes_pipeline.gpu_lane.measurement import Measured, humaneval_problems, measure, measurement_inputs
+from lanes_pipeline.gpu_lane.measurement import (
+    Measured,
+    humaneval_problems,
+    measure,
+    measurement_inputs,
+    starting_adapter,
+)
 from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint, learning_point, paired_decision
 from lanes_pipeline.gpu_lane.repo_tasks import day_tasks as repo_day_tasks
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, service_for
@@ -184,17 +190,20 @@ def _train_day(
     if issues:  # before hours of training, not after
         raise IncompatibleAdapterError(f"planned by configs/training.yaml for {day}", issues)
     registry = adapter_registry.registry()
+    start, started_from = starting_adapter(registry, gpu_lane.alias_name, day, config)
     # How the trainer is launched is not what it trains (one or N processes take the same steps): an adapter
     # trained before launcher existed, or under another launcher, is still these inputs' adapter.
     trained_by = config.model_dump(mode="json", exclude={"launcher", "processes"})
-    inputs = json.dumps(
-        {"data": fingerprint(dirs), "training": trained_by, "base": str(base_dir)}, sort_keys=True
-    )
+    given = {"data": fingerprint(dirs), "training": trained_by, "base": str(base_dir)}
+    if start is not None:  # the weights it starts from are an input too
+        given["start"] = {"version": start.name, "fingerprint": start.fingerprint}
+    inputs = json.dumps(given, sort_keys=True)
     inputs_hash = hashlib.sha256(inputs.encode()).hexdigest()
     existing = registry.find(day, inputs_hash)
     if existing is not None and Path(existing.path).is_dir():
         context.log.info(f"{existing.name} was trained on exactly these inputs: reusing it")
-        return _training_metadata(existing, TrainSummary.model_validate(existing.training), reused=True)
+        summary = TrainSummary.model_validate(existing.training)
+        return {**_training_metadata(existing, summary, reused=True), "started_from": started_from}
 
     folder = adapter_registry.folder()
     taken = [v.name for v in registry.versions()] + [p.name for p in folder.glob("*") if p.is_dir()]
@@ -204,6 +213,7 @@ def _train_day(
         base_model_dir=str(base_dir),
         dataset_dirs=[str(d) for d in dirs],
         output_dir=str(folder / name),
+        init_adapter=start.path if start is not None else None,
     )
     waited = gpu_lane.wait_for_quiet_cpu_lane(
         on_busy=lambda n: context.log.info(f"waiting: the CPU lane has {n:g} request(s) in progress")
@@ -213,7 +223,8 @@ def _train_day(
             f"the CPU lane stayed busy for {waited.waited_s:.0f} s: training would fight it for memory "
             "bandwidth (bandwidth.training_wait_max_s in configs/lanes.yaml); the step is retried later"
         )
-    context.log.info(f"training {name} on {len(dirs)} day(s) of data: {', '.join(d.name for d in dirs)}")
+    days = ", ".join(d.name for d in dirs)
+    context.log.info(f"training {name} on {len(dirs)} day(s) of data: {days}; starting from {started_from}")
     freeing_gpu = gpu_lane.config.sleep_mode and _trains_on_cuda(config.device)
     log_path = data_dir() / "logs" / f"training-{name}.log"
     with _gpu_asleep(gpu_lane) if freeing_gpu else nullcontext():
@@ -224,7 +235,8 @@ def _train_day(
         f"{name}: {summary.steps} steps, final loss {summary.final_loss:.4f}, {summary.tokens_per_s} tok/s"
     )
     waited_s = waited.waited_s if waited is not None else 0.0
-    return {**_training_metadata(version, summary, reused=False), "waited_for_cpu_lane_s": waited_s}
+    metadata = _training_metadata(version, summary, reused=False)
+    return {**metadata, "started_from": started_from, "waited_for_cpu_lane_s": waited_s}
 
 
 def _trains_on_cuda(device: str) -> bool:

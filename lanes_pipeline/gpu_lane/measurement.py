@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,38 @@ def current_version(registry: AdapterRegistry, alias: str, candidate: Version) -
     if latest is not None and (served is None or latest.day > served.day):
         return latest
     return served
+
+
+def starting_adapter(
+    registry: AdapterRegistry, alias: str, day: date, config: TrainingConfig
+) -> tuple[Version | None, str]:
+    """What day `day`'s training starts from, and why: with start_from current, the adapter the alias last
+    pointed at among earlier days' versions (after a rollback, the one rolled back to), or a later earlier
+    day's version judged for promotion and not served yet (current_version's rule, by day); the base (a
+    fresh LoRA) when there is none, when its LoRA shape differs from the configured one, or with start_from
+    base."""
+    if config.start_from == "base":
+        return None, "base (start_from: base)"
+    earlier = {v.name: v for v in registry.versions() if v.day < day}
+    history = [m for m in registry.alias_history(alias) if m.version in earlier]
+    start = earlier[history[-1].version] if history else None
+    moved = {m.version for m in registry.alias_history(alias)}
+    pending = [
+        v
+        for v in earlier.values()
+        if v.name not in moved and (v.evaluation.get("decision") or {}).get("promote")
+    ]
+    latest = max(pending, key=lambda v: (v.day, v.created_at), default=None)
+    if latest is not None and (start is None or latest.day > start.day):
+        start = latest
+    if start is None:
+        return None, "base (no adapter served before this day)"
+    shape = (start.training or {}).get("lora")
+    if shape != config.lora.model_dump(mode="json"):
+        return None, f"base ({start.name} has LoRA {shape}, training.yaml asks {config.lora.model_dump()})"
+    if not Path(start.path).is_dir():
+        return None, f"base ({start.name}'s folder {start.path} is gone)"
+    return start, start.name
 
 
 def _too_few(scored: int | None, rows: int, config: TrainingConfig) -> str:

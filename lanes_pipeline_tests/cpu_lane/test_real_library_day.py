@@ -80,6 +80,8 @@ def first_day(
     pipeline["cpu_assets"].update(
         backlog_per_day=2,
         samples_per_item=1,
+        body_samples=1,
+        body_max_tokens=96,
         analysis_max_tokens=96,
         tests_max_tokens=96,
         refactor_max_tokens=96,

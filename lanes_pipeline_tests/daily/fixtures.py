@@ -52,6 +52,8 @@ CPU_ASSETS = {
     # minutes on two cores (test_cpu_assets.py and the cpu_yield benchmark cover the yield itself).
     "backlog_per_day": 1,
     "samples_per_item": 2,
+    "body_samples": 2,
+    "body_max_tokens": 192,
     "tests_max_tokens": 192,
     "refactor_max_tokens": 192,
     "sandbox": {"runs": 1},

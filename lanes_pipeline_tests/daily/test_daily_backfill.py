@@ -131,6 +131,7 @@ def project(
         cpu_assets={
             "backlog_per_day": 0,
             "samples_per_item": 1,
+            "body_samples": 1,
             "tests_max_tokens": 96,
             "refactor_max_tokens": 96,
         },

@@ -208,3 +208,44 @@ def test_the_version_to_beat_is_the_served_one_or_a_later_day_judged_for_promoti
     assert current_version(registry, "current", registry.get(names[3])).name == names[0]
     # The candidate itself is never the one to beat.
     assert current_version(registry, "current", registry.get(names[1])).name == names[0]
+
+
+def test_a_day_starts_from_the_adapter_served_before_it_only_when_asked_and_of_its_shape(
+    tmp_path: Path,
+) -> None:
+    from lanes_pipeline.gpu_lane.measurement import starting_adapter
+    from lanes_pipeline.settings import LoraSettings, TrainingConfig
+
+    registry = AdapterRegistry(tmp_path / "registry.sqlite")
+    shape = {"lora": LoraSettings().model_dump(mode="json")}
+    days = [date(2026, 11, d) for d in (1, 2, 3)]
+    for day in days:
+        (tmp_path / f"v{day}").mkdir()
+        registry.add(f"lanes-{day}", day, tmp_path / f"v{day}", f"fp-{day}", shape)
+    current = TrainingConfig(start_from="current")
+    assert starting_adapter(registry, "current", days[2], TrainingConfig()) == (
+        None,
+        "base (start_from: base)",
+    )
+    assert starting_adapter(registry, "current", days[2], current) == (
+        None,
+        "base (no adapter served before this day)",
+    )
+    registry.record_move("current", f"lanes-{days[0]}", "daily", {f"lanes-{days[0]}": "promoted"})
+    start, why = starting_adapter(registry, "current", days[2], current)
+    assert start is not None and start.name == why == f"lanes-{days[0]}"
+    # judged for promotion on day 2, its serving not run yet (an asset backfill): day 3 starts from it
+    registry.record_evaluation(f"lanes-{days[1]}", {"decision": {"promote": True}})
+    assert starting_adapter(registry, "current", days[2], current)[1] == f"lanes-{days[1]}"
+    # never from its own day or a later one: a re-run of day 1 starts from the base again
+    assert starting_adapter(registry, "current", days[0], current)[0] is None
+    # served, then rolled back: the day after starts from the version rolled back to
+    registry.record_move("current", f"lanes-{days[1]}", "daily", {f"lanes-{days[1]}": "promoted"})
+    registry.record_move("current", f"lanes-{days[0]}", "rollback", {f"lanes-{days[1]}": "rolled_back"})
+    assert starting_adapter(registry, "current", days[2], current)[1] == f"lanes-{days[0]}"
+    # another LoRA shape cannot be trained on: the base, and why
+    wider = TrainingConfig(start_from="current", lora=LoraSettings(r=16, alpha=32))
+    start, why = starting_adapter(registry, "current", days[2], wider)
+    assert start is None and why.startswith(f"base (lanes-{days[0]} has LoRA")
+    with pytest.raises(ValueError, match="start_from: current trains on with our loop only"):
+        TrainingConfig(start_from="current", trainer="trl")

@@ -134,6 +134,7 @@ def test_each_lever_variant_takes_one_lever_away_under_its_own_adapter_names(tmp
         "old_recipe": lambda s: (
             (s.training.max_steps, s.training.learning_rate, s.training.checkpoints) == (30, 2e-4, 1)
         ),
+        "from_current": lambda s: s.training.start_from == "current",
     }
     assert set(taken) == set(LEVERS)
     for name, lever_away in taken.items():

@@ -470,3 +470,28 @@ def test_the_adapter_holds_the_checkpoint_the_validation_rows_liked_best(setting
         result["model"], [e for e in validation if e is not None], tokenizer.pad_token_id, "cpu"
     )
     assert held == pytest.approx(curve[0][1], abs=1e-4)
+
+
+def test_training_on_from_an_adapter_starts_from_its_weights(settings: Settings, tmp_path: Path) -> None:
+    """start_from current: the day's LoRA is the served adapter's, trainable (a fresh LoRA's B is zero)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from lanes_pipeline.gpu_lane.training.model import peft_model
+
+    base = engines.embedded_hf_model(settings.data_dir).resolve()
+    start = random_adapter(base, tmp_path / "lanes-2026-11-04", seed=3)
+    training = TrainingConfig(max_steps=1, device="cpu")
+    cpu = torch.device("cpu")
+
+    def b_weights(model: Any) -> float:
+        return sum(float(t.abs().sum()) for k, t in model.state_dict().items() if "lora_B" in k)
+
+    assert b_weights(peft_model(str(base), training, cpu, torch.float32)) == 0.0
+    trained_on = peft_model(str(base), training, cpu, torch.float32, str(start))
+    saved = load_file(str(start / "adapter_model.safetensors"))
+    assert b_weights(trained_on) == pytest.approx(
+        sum(float(t.abs().sum()) for k, t in saved.items() if "lora_B" in k)
+    )
+    assert b_weights(trained_on) > 0
+    assert any(p.requires_grad for n, p in trained_on.named_parameters() if "lora_" in n)

@@ -60,6 +60,7 @@ def train_loop(
     progress: Progress,
     world: World | None = None,
     validation: Sequence[Example] = (),
+    init_adapter: str | None = None,
 ) -> dict[str, Any]:
     """Every process of a `world` runs this on the same examples; see world.py for how they share a step.
     Counts (tokens, curve) are of the whole step, the same in every process. With `validation` rows the
@@ -68,7 +69,7 @@ def train_loop(
 
     world = world or Single()
 
-    model = peft_model(base_model_dir, training, device, dtype)
+    model = peft_model(base_model_dir, training, device, dtype, init_adapter)
     sequences = pack(examples, training.max_seq_len) if training.packing else examples
     steps = total_steps(training, len(sequences))
     params = [p for p in model.parameters() if p.requires_grad]

@@ -95,8 +95,11 @@ def shifted_label_count(batch: Collated) -> int:
     return sum(1 for row in batch.labels for label in row[1:] if label != IGNORE)
 
 
-def peft_model(base_model_dir: str, training: TrainingConfig, device: Any, dtype: Any) -> Any:
-    from peft import get_peft_model
+def peft_model(
+    base_model_dir: str, training: TrainingConfig, device: Any, dtype: Any, init_adapter: str | None = None
+) -> Any:
+    """The base model with a trainable LoRA: a fresh one, or `init_adapter`'s weights to train on."""
+    from peft import PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=dtype).to(device)
@@ -104,6 +107,8 @@ def peft_model(base_model_dir: str, training: TrainingConfig, device: Any, dtype
     if training.gradient_checkpointing:  # activations recomputed in backward: less memory, more compute
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
+    if init_adapter is not None:
+        return PeftModel.from_pretrained(model, init_adapter, is_trainable=True)
     return get_peft_model(model, lora_config(training.lora))
 
 

@@ -24,6 +24,9 @@ class Spec(BaseModel):
 
 class TrainSpec(Spec):
     output_dir: str = Field(description="the version folder; written beside it and renamed into place")
+    init_adapter: str | None = Field(
+        None, description="the adapter folder whose weights training starts from (start_from current)"
+    )
 
 
 class EvalSpec(Spec):

@@ -197,7 +197,16 @@ def _fit(
         result = train_trl(training, spec.base_model_dir, tokenizer, kept, device, dtype, progress)
     else:
         result = train_loop(
-            training, spec.base_model_dir, tokenizer, examples, device, dtype, progress, world, validation
+            training,
+            spec.base_model_dir,
+            tokenizer,
+            examples,
+            device,
+            dtype,
+            progress,
+            world,
+            validation,
+            spec.init_adapter,
         )
         result["validation_rows"] = len(validation)
     return result, rows, dropped, device, dtype
