@@ -18,6 +18,7 @@ from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow, tests_by_symbol
 from lanes_pipeline.cpu_lane.jobs.verified_bodies import (
     BODIES_VERSION,
+    REQUEST_FAILED,
     SampledBody,
     body_requests,
     body_targets,
@@ -48,7 +49,7 @@ def tallies(rows: list[SampledBody]) -> list[TargetTally]:
     return [
         TargetTally(
             target=f"{repo}:{symbol}",
-            sampled=sum(r.verdict != "no_def" or r.reason != "the request failed" for r in found),
+            sampled=sum(r.reason != REQUEST_FAILED for r in found),
             accepted=sum(r.verdict == "accepted" for r in found),
         )
         for (repo, symbol), found in sorted(by_target.items())

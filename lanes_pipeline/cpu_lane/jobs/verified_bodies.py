@@ -35,6 +35,7 @@ from lanes_pipeline.sandbox.isolation import Isolation
 from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.settings import SandboxLimits
 
+REQUEST_FAILED = "the request failed"  # a sample the lane never answered: not counted as sampled
 BODIES_VERSION = 1  # bump when the check changes in a way that should forget remembered verdicts
 
 Verdict = Literal["real", "accepted", "no_def", "duplicate", "failed", "no_report", "untestable"]
@@ -159,7 +160,7 @@ def judge_target(
         for sample, text in answers:
             new_source = replacement(text, symbol.name) if text is not None else None
             if new_source is None:
-                reason = "the request failed" if text is None else f"no parseable `def {symbol.name}`"
+                reason = REQUEST_FAILED if text is None else f"no parseable `def {symbol.name}`"
                 rows.append(row(sample, "no_def", reason))
                 continue
             form = normal_form(new_source)
