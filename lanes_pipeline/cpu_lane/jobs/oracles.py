@@ -170,7 +170,7 @@ def _candidate(statement: ast.stmt) -> ast.expr | None:
     return value
 
 
-def _target_call(node: ast.expr, target: str) -> bool:
+def target_call(node: ast.expr, target: str) -> bool:
     """`f(...)` for target `f`; `C(...).m(...)` or `C.m(...)` for target `C.m`."""
     if not isinstance(node, ast.Call):
         return False
@@ -255,7 +255,7 @@ def parse_calls(answer: str, target: str, max_calls: int = MAX_CALLS) -> ParsedC
             if isinstance(statement, ast.Import | ast.ImportFrom):
                 continue  # the probe and the test import the target themselves
             node = _candidate(statement)
-            if node is None or not _target_call(node, target):
+            if node is None or not target_call(node, target):
                 rejected.append(f"line {line}: not a call of {target}: {ast.unparse(statement)[:80]}")
                 continue
             assert isinstance(node, ast.Call)
@@ -359,11 +359,11 @@ def usable(observation: Observation) -> bool:
     return (
         observation.status == "raised"
         and observation.builtin_exception
-        and _is_builtin_exception(observation.exception)
+        and is_builtin_exception(observation.exception)
     )
 
 
-def _is_builtin_exception(name: str) -> bool:
+def is_builtin_exception(name: str) -> bool:
     value = getattr(builtins, name, None)
     return isinstance(value, type) and issubclass(value, BaseException)
 
