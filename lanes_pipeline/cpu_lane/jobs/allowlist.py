@@ -12,8 +12,8 @@ else is refused with the reason:
 - a docstring's doctest examples are each one call of the documented symbol with literal arguments, and
   the change of its file is that docstring and nothing else;
 - a refactor adds no import, no call of what reaches code or attributes by name or files
-  (`FORBIDDEN_CALLS`), no dunder name or attribute, and no call of a name the module did not call (or
-  define) already;
+  (`FORBIDDEN_CALLS`), no dunder name or attribute, no call of a name the module did not call (or define)
+  already, and no `while` loop (the one loop that needs no new call to never end);
 - no change carries a secret or text addressed to a model (`sandbox/safety.py`'s detectors).
 """
 
@@ -263,6 +263,10 @@ def _dunders(tree: ast.AST) -> Iterator[str]:
             yield node.id
 
 
+def _whiles(tree: ast.AST) -> int:
+    return sum(isinstance(node, ast.While) for node in ast.walk(tree))
+
+
 def _forbidden(tree: ast.AST) -> Iterator[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and call_name(node.func).rsplit(".", 1)[-1] in FORBIDDEN_CALLS:
@@ -283,12 +287,14 @@ def diff_problems(before: str, after: str) -> list[str]:
     added_imports = Counter(_imports(new)) - Counter(_imports(old))
     forbidden = Counter(_forbidden(new)) - Counter(_forbidden(old))
     dunders = Counter(_dunders(new)) - Counter(_dunders(old))
+    loops = _whiles(new) - _whiles(old)
     known = set(_called(old)) | _defined(new)
     new_calls = {name for name in _called(new) if name not in known and name not in forbidden}
     problems = [f"adds an import: {name}" for name in sorted(added_imports)]
     problems += [f"adds a call of {name}() (code, attributes or files by name)" for name in sorted(forbidden)]
     problems += [f"adds dunder access: {name}" for name in sorted(dunders)]
     problems += [f"calls {name}, which the module did not call before" for name in sorted(new_calls)]
+    problems += [f"adds {loops} `while` loop(s)"] if loops > 0 else []
     return problems
 
 

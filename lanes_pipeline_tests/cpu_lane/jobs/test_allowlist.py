@@ -206,6 +206,7 @@ def test_a_refactor_that_uses_only_what_the_module_did_is_allowed() -> None:
         ("    setattr(value, 'x', 1)", "adds a call of setattr()"),
         ("    __import__('os')", "adds a call of __import__()"),
         ("    (lambda: 1)()", "calls <Lambda>"),
+        ("    while value == value:\n        pass", "adds 1 `while` loop(s)"),
     ],
 )
 def test_a_refactor_that_adds_what_the_module_did_not_do_is_refused(new: str, why: str) -> None:
