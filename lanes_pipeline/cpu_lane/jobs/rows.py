@@ -177,6 +177,40 @@ class RefactorRow(Row):
         return self.verdict == "accepted"
 
 
+# --- review_branch ----------------------------------------------------------------------------------------
+
+ReviewKind = Literal["test", "docstring", "refactor"]
+
+
+class ReviewItemRow(Row):
+    """One item of `review_branch/<day>/results.json`: an accepted result of the day and what became of it
+    on the review branch (`commit` when it is one, else the reason it was left off)."""
+
+    repo: str
+    kind: ReviewKind
+    path: str = Field(description="the file the item changes (a test: the test file it adds)")
+    symbol: str
+    status: Literal["committed", "skipped"]
+    reason: str
+    commit: str | None = Field(None, exclude_if=_unset)
+
+
+class ReviewRepoRow(Row):
+    """One repository of `review_branch/<day>/branches.json`: its review branch (None: none was written,
+    `note` says why), the snapshot commit it starts from, and how its tests went at the tip."""
+
+    repo: str
+    location: str
+    branch: str | None
+    base: str | None
+    tip: str | None
+    commits: int
+    skipped: int
+    tests_at_tip: str = Field(description="outcome of the repository's tests at the tip, in the sandbox")
+    review_command: str | None
+    note: str = ""
+
+
 # --- figures: the metadata names each asset writes and the run summary reads ------------------------------
 
 
@@ -256,6 +290,17 @@ class GeneratedDocsFigures(Figures):
     symbols: int = 0
     symbols_with_accepted_docs: int = 0
     docs_coverage: float = 0.0
+
+
+class ReviewFigures(Figures):
+    """review_branch: commits written on the day's branches, items left off, branches whose tests passed
+    at the tip."""
+
+    repos: int = 0
+    branches: int = 0
+    commits: int = 0
+    items_skipped: int = 0  # not `skipped`: the run summary reads that key as the symbols a day went without
+    tips_passing: int = 0
 
 
 class RefactorFigures(Figures):
