@@ -21,6 +21,7 @@ from lanes_pipeline.cpu_lane.assets import (
     refactor_proposals,
     repo_analysis,
     repo_snapshot,
+    review_branch,
     verified_bodies,
 )
 from lanes_pipeline.cpu_lane.checks import build_checks
@@ -53,7 +54,8 @@ STEP_EXECUTOR = multiprocess_executor.configured(
 )
 
 # The lane assets, one partition per day; the lane probes are not partitioned (they run in every run).
-# The CPU lane's day and the dataset it feeds: what a day materializes before the GPU lane.
+# The CPU lane's day (its review branch among it) and the dataset it feeds: what a day materializes before
+# the GPU lane.
 CPU_DAY_MODULES = [
     repo_snapshot,
     repo_analysis,
@@ -62,6 +64,7 @@ CPU_DAY_MODULES = [
     refactor_proposals,
     verified_bodies,
     accepted_work,
+    review_branch,
     dataset,
 ]
 DAILY_MODULES = [*CPU_DAY_MODULES, gpu_lane]

@@ -9,6 +9,7 @@ from lanes_pipeline.cli.backfill import backfill
 from lanes_pipeline.cli.config import config
 from lanes_pipeline.cli.cpu import cpu
 from lanes_pipeline.cli.dev import dev
+from lanes_pipeline.cli.export import export
 from lanes_pipeline.cli.report import report
 from lanes_pipeline.cli.run import run
 from lanes_pipeline.cli.serve import serve
@@ -22,5 +23,19 @@ def main() -> None:
     """lanes_pipeline: CPU-lane batch work feeding daily LoRA adapters for the GPU lane."""
 
 
-for command in (config, setup, serve, run, dev, backfill, cpu, adapters, trial, bench, report, service):
+for command in (
+    config,
+    setup,
+    serve,
+    run,
+    dev,
+    backfill,
+    cpu,
+    adapters,
+    trial,
+    bench,
+    report,
+    service,
+    export,
+):
     main.add_command(command)

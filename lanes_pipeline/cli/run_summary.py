@@ -19,6 +19,7 @@ from lanes_pipeline.cpu_lane.jobs.rows import (
     GeneratedTestsFigures,
     LaneUsageFigures,
     RefactorFigures,
+    ReviewFigures,
     SnapshotFigures,
 )
 from lanes_pipeline.daily.artifacts import Figures
@@ -66,6 +67,8 @@ class DaySummary(BaseModel):
     learning: str | None = None  # the day's point of the learning curve (adapter_evaluation's `learning`)
     # `repo: symbol id` -> why the pipeline could not handle it (the assets' `skipped`): left out of the day
     skipped: dict[str, str] = {}
+    # The commands that show each review branch of the day (review_branch's `review_commands`)
+    review_commands: list[str] = []
 
     @property
     def asked_nothing(self) -> bool:
@@ -118,6 +121,7 @@ def summarize_day(
         skipped={
             k: v for r in rows if r.status == "materialized" for k, v in r.metadata.get("skipped", {}).items()
         },
+        review_commands=list(_of(rows, "review_branch").get("review_commands", [])),
     )
 
 
@@ -175,6 +179,16 @@ def _diffs(m: Mapping[str, Any]) -> str:
     )
 
 
+def _review(m: Mapping[str, Any]) -> str:
+    f = ReviewFigures.read(m)
+    if not f.branches:
+        return "no review branch: no accepted item became a commit"
+    return (
+        f"{f.commits} commits on {f.branches} review branch(es), {f.items_skipped} items left off; "
+        f"tests pass at {f.tips_passing} of {f.branches} tips"
+    )
+
+
 def _dataset(m: Mapping[str, Any]) -> str:
     f = DatasetFigures.read(m)
     return f"{f.train_rows} train + {f.eval_rows} eval rows"
@@ -194,6 +208,7 @@ RESULTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
         f"{m.get('targets_testable', 0)} of {m.get('targets', 0)} functions with tests that judge"
     ),
     "accepted_work": lambda m: f"{m.get('candidates', 0)} accepted results",
+    "review_branch": _review,
     "held_out_tasks": lambda m: (
         f"{m.get('held_out_tasks', 0)} held-out tasks, {m.get('functions_to_teach', 0)} functions to teach"
     ),
@@ -291,4 +306,8 @@ def render(summary: DaySummary) -> str:
             )
     if summary.learning:
         lines.append(f"  {summary.learning}  (the curve over the days: lanes report)")
+    # Last, as the run's closing words: where the day's work is, and the command that shows it.
+    for command in summary.review_commands:
+        branch = command.rsplit("..", 1)[-1]
+        lines.append(f"  The day's work is on the branch {branch}; read it with: {command}")
     return "\n".join(lines)

@@ -324,6 +324,10 @@ class RepoEntry(StrictModel):
     branch: str = "HEAD"
     include: list[str] = Field(["**/*.py"])
     exclude: list[str] = Field([])
+    review_branch: bool = Field(
+        True,
+        description="write the day's accepted work as commits on the branch lanes/<day> (docs/review.md)",
+    )
 
 
 class ReposConfig(StrictModel):

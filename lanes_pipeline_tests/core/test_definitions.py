@@ -100,6 +100,12 @@ def test_every_asset_declares_each_asset_it_reads() -> None:
         "refactor_proposals",
         "verified_bodies",
     }
+    assert found["review_branch"] == {
+        "repo_snapshot",
+        "generated_tests",
+        "generated_docs",
+        "refactor_proposals",
+    }
     assert found["lora_dataset"] == {"accepted_work", "held_out_tasks"}
     assert {"held_out_tasks", "lora_dataset"} <= found["adapter_evaluation"]
     assert {"repo_snapshot", "day_symbols"} <= found["generated_tests"]

@@ -120,6 +120,7 @@ ASSETS = {
     "refactor_proposals": "cpu_lane",
     "verified_bodies": "cpu_lane",
     "accepted_work": "cpu_lane",
+    "review_branch": "cpu_lane",
     "held_out_tasks": "dataset",
     "lora_dataset": "dataset",
 }
@@ -422,6 +423,7 @@ def test_cpu_lane_assets_are_registered_daily_with_their_pool_and_checks() -> No
         "refactor_proposals": {"cpu_lane"},
         "verified_bodies": {"cpu_lane"},
         "accepted_work": set(),
+        "review_branch": set(),
         "held_out_tasks": set(),
         "lora_dataset": set(),
     }

@@ -50,6 +50,7 @@ EVERY_DAY = (
     "refactor_proposals",
     "verified_bodies",
     "accepted_work",
+    "review_branch",
     "held_out_tasks",
     "lora_dataset",
     *GPU_CHAIN,

@@ -21,7 +21,7 @@ from lanes_pipeline.cli.run_summary import (
     summarize_day,
 )
 from lanes_pipeline.cpu_lane.batching.client import CpuClient
-from lanes_pipeline.cpu_lane.jobs.rows import GeneratedDocsFigures, GeneratedTestsFigures
+from lanes_pipeline.cpu_lane.jobs.rows import GeneratedDocsFigures, GeneratedTestsFigures, ReviewFigures
 from lanes_pipeline.definitions import build_definitions
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.client import VllmClient
@@ -63,6 +63,7 @@ def test_make_run_is_the_whole_day_and_a_rerun_asks_nothing(
         "refactor_proposals",
         "verified_bodies",
         "accepted_work",
+        "review_branch",
         "held_out_tasks",
         "lora_dataset",
         "lora_adapter",
@@ -76,6 +77,10 @@ def test_make_run_is_the_whole_day_and_a_rerun_asks_nothing(
     assert f"lanes-{DAY}" in _row(first.output, "lora_adapter")[-1], first.output
     assert _row(first.output, "adapter_evaluation")[-1] == "promote", first.output
     assert f"promoted yes, served yes ({ALIAS} -> lanes-{DAY})" in first.output, first.output
+    # The summary closes with the day's review branch and the command that shows it.
+    review = first.output[: first.output.index("  wall time")].rstrip().splitlines()[-1]
+    assert review.startswith(f"  The day's work is on the branch lanes/{DAY}; read it with: git -C "), review
+    assert "tests pass at 1 of 1 tips" in _row(first.output, "review_branch")[-1], first.output
     with VllmClient(gpu_server.url) as client:  # really served: the alias answers from the day's folder
         cards = {card.id: card for card in client.adapters()}
     assert cards[ALIAS].root is not None and cards[ALIAS].root.endswith(f"lanes-{DAY}")
@@ -163,6 +168,28 @@ def test_summary_shows_the_test_coverage_of_the_days_repositories() -> None:
     )
     expected = "1 of 6 docstrings accepted; coverage 3 of 40 symbols (8%)"
     assert RESULTS["generated_docs"](docs.metadata()) == expected
+
+
+def test_summary_closes_with_the_review_branch_and_the_command_to_read_it() -> None:
+    command = "git -C /home/u/repo log -p 0123456789ab..lanes/2026-11-02"
+    figures = ReviewFigures(repos=1, branches=1, commits=4, items_skipped=1, tips_passing=1)
+    rows = [
+        AssetOutcome(
+            asset="review_branch",
+            partition=DAY,
+            status="materialized",
+            metadata={**figures.metadata(), "review_commands": [command]},
+        ),
+        AssetOutcome(asset="lora_dataset", partition=DAY, status="materialized", metadata={"row_count": 3}),
+    ]
+    text = render(summarize_day(DAY, rows, LaneDeltas(), None))
+    assert (
+        text.splitlines()[-1]
+        == f"  The day's work is on the branch lanes/2026-11-02; read it with: {command}"
+    )
+    described = RESULTS["review_branch"](figures.metadata())
+    assert described == "4 commits on 1 review branch(es), 1 items left off; tests pass at 1 of 1 tips"
+    assert RESULTS["review_branch"](ReviewFigures().metadata()).startswith("no review branch")
 
 
 def test_summary_names_the_symbols_the_day_went_on_without() -> None:
