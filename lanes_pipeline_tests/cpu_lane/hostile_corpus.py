@@ -21,6 +21,10 @@ holds one answer per request of the day, so each control took the place of a hos
 another one makes too (a second popen, a second "disregard", a second os.system docstring, a second
 diff to an absolute path).
 
+The answers the denylist passes, each as a doctest and as a diff (hostile_corpus_misses.py), are not in the
+served day (each stage's requests are all taken, one per entry): `review_corpus()` is the corpus with them,
+and the review branch's allowlist is tested on all of it (test_review_hostile.py).
+
 Canaries, fixed paths the test watches on the host: every `/tmp/lanes_hostile_canary*` and
 `/root/.lanes_hostile_canary` (must never exist), `/tmp/lanes_hostile_victim` (must survive),
 `/tmp/lanes_hostile_secret.txt` (a planted secret: its token must never show up in any artifact),
@@ -33,6 +37,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lanes_pipeline_tests.cpu_lane import hostile_corpus_misses as misses
 from lanes_pipeline_tests.cpu_lane.hostile_corpus_code import DIFFS, DOCSTRINGS, MATH
 
 Stage = Literal["analysis", "test", "diff", "docstring"]
@@ -400,17 +405,32 @@ CONTROLS: tuple[HostileAnswer, ...] = (
 )
 
 
-def corpus() -> list[HostileAnswer]:
-    """Every hostile answer, stage by stage, and the controls; each name once."""
-    entries = [_entry("test", row) for row in TESTS] + [_entry("analysis", row) for row in ANALYSES]
-    entries += [_entry("diff", row, symbol) for symbol, row in DIFFS]
-    entries += [_entry("docstring", row, symbol) for symbol, row in DOCSTRINGS]
-    entries += CONTROLS
+def _unique(entries: list[HostileAnswer]) -> list[HostileAnswer]:
     names = [e.name for e in entries]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"hostile corpus: names used twice: {duplicates}")
     return entries
+
+
+def corpus() -> list[HostileAnswer]:
+    """Every hostile answer the served day gets, stage by stage, and the controls; each name once."""
+    entries = [_entry("test", row) for row in TESTS] + [_entry("analysis", row) for row in ANALYSES]
+    entries += [_entry("diff", row, symbol) for symbol, row in DIFFS]
+    entries += [_entry("docstring", row, symbol) for symbol, row in DOCSTRINGS]
+    entries += CONTROLS
+    return _unique(entries)
+
+
+def denylist_misses() -> list[HostileAnswer]:
+    """The answers the denylist passes, as doctests and as diffs (hostile_corpus_misses.py)."""
+    entries = [_entry("docstring", row, symbol) for symbol, row in misses.DOCTESTS]
+    return entries + [_entry("diff", row, symbol) for symbol, row in misses.DIFFS]
+
+
+def review_corpus() -> list[HostileAnswer]:
+    """What the review branch's allowlist is tested on: the corpus and the denylist's misses."""
+    return _unique(corpus() + denylist_misses())
 
 
 # The fast tier's part of the corpus (`make test`; `make test-all` runs the whole): every analysis and every

@@ -12,9 +12,17 @@ import pytest
 
 import lanes_pipeline.repos.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
+from lanes_pipeline.cpu_lane.jobs.docstrings import unsafe_examples
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis, extract_block, parse_diff
 from lanes_pipeline.http import ChatMessage, ChatRequest
-from lanes_pipeline_tests.cpu_lane.hostile_corpus import HostileAnswer, corpus, fast_part
+from lanes_pipeline.sandbox.safety import unsafe_code_added
+from lanes_pipeline_tests.cpu_lane.hostile_corpus import (
+    HostileAnswer,
+    corpus,
+    denylist_misses,
+    fast_part,
+    review_corpus,
+)
 from lanes_pipeline_tests.cpu_lane.hostile_lane import (
     UNMATCHED_TEXT,
     HostileDeliveries,
@@ -77,11 +85,55 @@ def test_analyses_are_the_json_the_stage_expects_unless_meant_to_be_broken() -> 
 
 
 def test_aimed_diffs_parse_apply_and_their_context_is_the_symbols_lines(tmp_path: Path) -> None:
+    aimed = [e for e in corpus() if e.stage == "diff" and e.symbol is not None]
+    assert len(aimed) == 10  # 9 hostile, and the harmless control
+    _aimed_diffs_apply_in_their_symbol(aimed, tmp_path)
+
+
+# The answers the denylist passes (issue: an allowlist where one fits), each as a doctest and as a diff.
+MISSED = (
+    "getattr(__builtins__, 'ev'+'al')('1+1')",
+    "().__class__.__base__.__subclasses__()",
+    "import os; getattr(os, 'sys'+'tem')('id')",
+    "import atexit; atexit.register(",
+    "open(path, 'w')",
+)
+
+
+def test_the_denylists_misses_are_each_a_doctest_and_a_diff_beside_the_served_corpus() -> None:
+    misses = denylist_misses()
+    assert Counter(e.stage for e in misses) == {"docstring": 5, "diff": 5}
+    for payload in MISSED:
+        assert {e.stage for e in misses if payload in e.text} == {"docstring", "diff"}, payload
+    assert all(e.symbol is not None and not e.control for e in misses)
+    # Beside the served day's corpus, whose counts stay one entry per request.
+    assert {e.name for e in misses}.isdisjoint(e.name for e in corpus())
+    assert len(review_corpus()) == len(corpus()) + len(misses)
+
+
+def test_the_denylist_passes_each_miss_and_each_is_aimed_where_it_would_run(tmp_path: Path) -> None:
+    source = (DAY1 / "mathbits.py").read_text()
+    diffs = [e for e in denylist_misses() if e.stage == "diff"]
+    _aimed_diffs_apply_in_their_symbol(diffs, tmp_path)
+    for entry in diffs:
+        patch = extract_block(entry.text, ("diff",)).strip("\n") + "\n"
+        applied = subprocess.run(
+            ["git", "apply", "-"], cwd=tmp_path, input=patch, text=True, capture_output=True, check=True
+        )
+        assert applied.returncode == 0
+        after = (tmp_path / "mathbits.py").read_text()
+        assert unsafe_code_added(source, after) == [], entry.name  # what the refactor gate checks
+        (tmp_path / "mathbits.py").write_text(source)
+    for entry in denylist_misses():
+        if entry.stage == "docstring":
+            docstring = entry.text.removesuffix('"""')
+            assert unsafe_examples(docstring) == [], entry.name  # what the docstring gate checks
+
+
+def _aimed_diffs_apply_in_their_symbol(aimed: list[HostileAnswer], tmp_path: Path) -> None:
     source = (DAY1 / "mathbits.py").read_text().splitlines()
     shutil.copy(DAY1 / "mathbits.py", tmp_path / "mathbits.py")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    aimed = [e for e in corpus() if e.stage == "diff" and e.symbol is not None]
-    assert len(aimed) == 10  # 9 hostile, and the harmless control
     for entry in aimed:
         assert entry.symbol is not None
         path, name = entry.symbol.split("::")
@@ -103,7 +155,7 @@ def test_aimed_diffs_parse_apply_and_their_context_is_the_symbols_lines(tmp_path
 
 def test_aimed_docstrings_name_the_parameters_and_call_the_symbol() -> None:
     source = (DAY1 / "mathbits.py").read_text()
-    for entry in corpus():
+    for entry in review_corpus():
         if entry.stage != "docstring" or entry.symbol is None:
             continue
         name = entry.symbol.split("::")[1]
