@@ -5,6 +5,7 @@ asks no lane."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import click
@@ -16,7 +17,13 @@ from lanes_pipeline.settings import ConfigError, data_dir, load_settings
 
 
 @click.command()
-@click.option("--day", required=True, metavar="YYYY-MM-DD", help="The day whose review branch to export.")
+@click.option(
+    "--day",
+    "when",
+    required=True,
+    type=click.DateTime(["%Y-%m-%d"]),
+    help="The day whose review branch to export (YYYY-MM-DD).",
+)
 @click.option("--repo", "repo_name", default=None, metavar="NAME", help="Only this repository (repos.yaml).")
 @click.option(
     "--patches",
@@ -26,8 +33,9 @@ from lanes_pipeline.settings import ConfigError, data_dir, load_settings
     help="Where the series goes, one folder per repository (default: <data>/review/<day>/); the *.patch "
     "files an earlier export left in a repository's folder are replaced.",
 )
-def export(day: str, repo_name: str | None, folder: Path | None) -> None:
+def export(when: datetime, repo_name: str | None, folder: Path | None) -> None:
     """Write the day's review branch (lanes/<day>) of each repository as a patch series and print where."""
+    day = when.date().isoformat()
     try:
         names = [entry.name for entry in load_settings().repos.repos]
     except ConfigError as exc:

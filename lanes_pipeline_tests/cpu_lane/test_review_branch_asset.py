@@ -146,6 +146,8 @@ def test_the_days_work_becomes_a_branch_whose_tests_pass_and_a_rerun_changes_not
     )
     missing = CliRunner().invoke(main, ["export", "--day", "2026-11-02"], env=env)
     assert missing.exit_code != 0 and "review_branch has no partition 2026-11-02" in missing.output
+    not_a_day = CliRunner().invoke(main, ["export", "--day", "../../etc"], env=env)
+    assert not_a_day.exit_code == 2 and "'../../etc' does not match the format '%Y-%m-%d'" in not_a_day.output
 
 
 def test_a_branch_holding_someone_elses_commit_fails_the_step_and_is_left_as_it_is(day: Day) -> None:
