@@ -49,6 +49,7 @@ from lanes_pipeline.git import (
 )
 from lanes_pipeline.repos.snapshot import end_of_day
 from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest
+from lanes_pipeline.sandbox.safety import safe_repo_path
 from lanes_pipeline.settings import SandboxLimits
 
 ItemCheck = Callable[[ReviewItem, str | None, str], str | None]
@@ -132,6 +133,8 @@ class _Stager:
 
     def stage(self, parent: str, item: ReviewItem, check: ItemCheck) -> str:
         """Stage `item` on `parent`'s tree; '' when it is staged, else why it is skipped."""
+        if not safe_repo_path(item.path):
+            return f"{item.path!r} is not a path inside the repository"
         before = self.text_at(parent, item.path)
         if item.content is not None:
             after = item.content

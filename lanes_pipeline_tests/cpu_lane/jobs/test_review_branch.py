@@ -201,13 +201,15 @@ def test_an_item_that_no_longer_applies_or_names_another_file_is_skipped_with_it
     elsewhere = accepted_refactor().model_copy(
         update={"diff": accepted_refactor().diff.replace("calc.py", "other.py")}  # type: ignore[union-attr]
     )
-    items, _ = review_items("calc", [accepted_test()], [accepted_doc()], [stale, elsewhere])
+    outside = accepted_test().model_copy(update={"test_file": "../test_outside.py"})
+    items, _ = review_items("calc", [accepted_test(), outside], [accepted_doc()], [stale, elsewhere])
     written = write_branch(repo, "calc", base, DAY, items, AUTHOR)
     skipped = [r.reason for r in written.rows if r.status == "skipped"]
-    assert written.commits == 2 and len(skipped) == 2
+    assert written.commits == 2 and len(skipped) == 3
+    assert "'../test_outside.py' is not a path inside the repository" in skipped
     stale_reason = "the patch no longer applies to the day's commit: error: patch failed: calc.py"
-    assert skipped[0].startswith(stale_reason), skipped
-    assert skipped[1] == "changes b/other.py, not only calc.py"
+    assert skipped[1].startswith(stale_reason), skipped
+    assert skipped[2] == "changes b/other.py, not only calc.py"
     assert "other.py" not in git_out(repo, "log", "-p", f"{base}..{BRANCH}")
 
 
