@@ -12,7 +12,14 @@ from lanes_pipeline.bench.report import DOCS_COMMAND
 from lanes_pipeline.settings import project_root
 
 ROOT = project_root()
-DOCUMENTS = ["README.md", "ARCHITECTURE.md", "docs/servers.md", "docs/operations.md", "docs/benchmarks.md"]
+DOCUMENTS = [
+    "README.md",
+    "ARCHITECTURE.md",
+    "docs/servers.md",
+    "docs/operations.md",
+    "docs/benchmarks.md",
+    "docs/editors.md",
+]
 # A word of 7-40 hex digits with at least one digit and one letter: what a commit hash looks like.
 COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
 LINK = re.compile(r"\]\(([^)#]+)(?:#[^)]*)?\)")
