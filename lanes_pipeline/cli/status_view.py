@@ -42,7 +42,7 @@ class AliasStatus(BaseModel):
     """The adapter name editors ask for, what the registry says it serves, and what vLLM has loaded."""
 
     name: str
-    version: str | None  # None: the alias never moved (requests get the base model's 404)
+    version: str | None  # None: the alias never moved (requests for it get HTTP 404)
     day: date | None  # the day the version was trained for
     since: datetime | None  # when the alias last moved
     moved_because: str | None
