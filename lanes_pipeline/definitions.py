@@ -9,6 +9,7 @@ from __future__ import annotations
 from dagster import (
     AssetsDefinition,
     Definitions,
+    colored_console_logger,
     definitions,
     load_assets_from_modules,
     multiprocess_executor,
@@ -41,6 +42,7 @@ from lanes_pipeline.gpu_lane.sensors import SENSORS
 from lanes_pipeline.loop import lane_probes
 from lanes_pipeline.loop.jobs import JOBS
 from lanes_pipeline.loop.lineage import with_training_window
+from lanes_pipeline.loop.progress import TERMINAL_LOGGER, terminal_logger
 from lanes_pipeline.loop.schedules import daily_schedule, lane_benchmarks_schedule
 from lanes_pipeline.observatory import assets as observatory
 from lanes_pipeline.settings import Settings, load_settings
@@ -89,6 +91,10 @@ def build_definitions(settings: Settings) -> Definitions:
         executor=STEP_EXECUTOR,
         schedules=[daily_schedule(settings), lane_benchmarks_schedule(settings)],
         sensors=SENSORS,
+        # Dagster's console logger, as every job has by default, and `lanes run`'s terminal, in that order (a
+        # step's error prints before the terminal's line about it): a run whose config names neither (the
+        # daemon's) logs to the console as before (loop/progress.py).
+        loggers={"console": colored_console_logger, TERMINAL_LOGGER: terminal_logger},
         resources={
             "cpu_lane": CpuLaneResource.from_lanes(settings.lanes),
             "gpu_lane": GpuLaneResource.from_config(

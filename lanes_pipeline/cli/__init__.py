@@ -15,10 +15,22 @@ from lanes_pipeline.cli.run import run
 from lanes_pipeline.cli.serve import serve
 from lanes_pipeline.cli.service import service
 from lanes_pipeline.cli.setup import setup
+from lanes_pipeline.cli.status import LANE_DOWN_EXIT, status
 from lanes_pipeline.cli.trial import bench, trial
 
+# What a script can read from `$?`; the top-level --help shows it (\b keeps click from rewrapping it).
+EXIT_CODES = f"""\b
+Exit codes:
+  0    done
+  1    failed: the message says what and where (a bad setting, a lane error, a failed run)
+  2    the command line is wrong (an unknown option, a missing argument)
+  {LANE_DOWN_EXIT}    `lanes status`: a lane is down (the status is printed all the same)
+  130  stopped by Ctrl-C, SIGTERM or SIGHUP (what the command started is stopped too)"""
 
-@click.group()
+
+# help_option_names reaches every subcommand: their contexts inherit it from this one.
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
+@click.version_option(package_name="lanes_pipeline", prog_name="lanes")
 def main() -> None:
     """lanes_pipeline: CPU-lane batch work feeding daily LoRA adapters for the GPU lane."""
 
@@ -37,5 +49,6 @@ for command in (
     report,
     service,
     export,
+    status,
 ):
     main.add_command(command)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import date
 
 import click
+from pydantic import BaseModel
 
 from lanes_pipeline.daily.resources import LoraTrainingResource
 from lanes_pipeline.errors import LaneError, ServingError
-from lanes_pipeline.gpu_lane.adapters import IncompatibleAdapterError, UnknownVersionError
+from lanes_pipeline.gpu_lane.adapters import IncompatibleAdapterError, UnknownVersionError, Version
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource, service_for
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.settings import ConfigError, load_settings
@@ -41,8 +42,20 @@ def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
 
 
+class AdapterListing(BaseModel):
+    """`lanes adapters list --json`: every version, oldest first, and where the alias points."""
+
+    registry: str
+    alias: str
+    alias_target: str | None
+    versions: list[Version]
+
+
 @adapters.command("list")
-def list_versions() -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="every version with all its figures, as one JSON object"
+)
+def list_versions(as_json: bool) -> None:
     """Every version: day, status, eval loss, and which one the alias points at."""
     try:
         gpu_lane, registry_resource, _training = _resources()
@@ -51,6 +64,15 @@ def list_versions() -> None:
     registry = registry_resource.registry()
     target = registry.alias_target(gpu_lane.alias_name)
     versions = registry.versions()
+    if as_json:
+        listing = AdapterListing(
+            registry=str(registry.path),
+            alias=gpu_lane.alias_name,
+            alias_target=target.name if target else None,
+            versions=versions,
+        )
+        click.echo(listing.model_dump_json(indent=1))
+        return
     if not versions:
         click.echo(f"no adapter versions in {registry.path}")
         return

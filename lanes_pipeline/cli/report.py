@@ -5,9 +5,16 @@ whose outcome changed, with both answers. Reads only the artifact store: no lane
 from __future__ import annotations
 
 import click
+from pydantic import BaseModel
 
 from lanes_pipeline.daily.resources import ArtifactStoreResource
-from lanes_pipeline.gpu_lane.evaluation_record import EvaluationRecordError, day_report
+from lanes_pipeline.gpu_lane.evaluation_record import (
+    DayAnswers,
+    EvaluationRecordError,
+    day_report,
+    read_answers,
+    read_decision,
+)
 from lanes_pipeline.gpu_lane.learning_report import (
     LEARNING_ASSET,
     LEARNING_FILE,
@@ -16,7 +23,22 @@ from lanes_pipeline.gpu_lane.learning_report import (
     markdown_table,
     render_chart,
 )
+from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint
 from lanes_pipeline.settings import data_dir
+
+
+class CurveJson(BaseModel):
+    """`lanes report --json`: every evaluated day's point of the learning curve, oldest first."""
+
+    points: list[LearningPoint]
+
+
+class DayJson(BaseModel):
+    """`lanes report --day D --json`: the day's decision and every answer of each model, with its verdict."""
+
+    day: str
+    decision: Decision
+    answers: DayAnswers
 
 
 @click.command()
@@ -27,10 +49,27 @@ from lanes_pipeline.settings import data_dir
     help="One day's judgment instead of the curve: the paired outcome (wins, losses, ties per figure), "
     "the reasons, and each task whose outcome changed with both answers.",
 )
-def report(day: str | None) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="The same as one JSON object on stdout (the curve's points; with --day the decision and every "
+    "answer), and no file written.",
+)
+def report(day: str | None, as_json: bool) -> None:
     """Per day: the base model, the day's candidate and the served alias on each figure, with intervals.
     Writes <data>/reports/learning.md and learning.png and prints the table and both paths."""
     store = ArtifactStoreResource().store()
+    if as_json:
+        try:
+            if day is not None:
+                answers, decision = read_answers(store, day), read_decision(store, day)
+                click.echo(DayJson(day=day, decision=decision, answers=answers).model_dump_json(indent=1))
+            else:
+                click.echo(CurveJson(points=load_points(store)).model_dump_json(indent=1))
+        except (EvaluationRecordError, LearningReportError) as exc:
+            raise click.ClickException(str(exc)) from None
+        return
     if day is not None:
         try:
             text = day_report(store, day)

@@ -20,6 +20,7 @@ from lanes_pipeline.deploy.instance import in_process_run_tags, prepare_instance
 from lanes_pipeline.embedded.servers import LANE_LABEL, LaneEndpoints, LaneName, running_lanes
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.client import VllmClient
+from lanes_pipeline.loop.progress import PREFIX, run_loggers
 from lanes_pipeline.settings import ConfigError, Settings, load_settings
 from lanes_pipeline.steps import STOP_REQUESTED
 
@@ -135,9 +136,13 @@ def stop_if_interrupted(result: Any) -> None:
             raise KeyboardInterrupt
 
 
-def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[str, bool, list[str]]:
+def _run_day(
+    settings: Settings, endpoints: LaneEndpoints, day: date, verbose: bool = False
+) -> tuple[str, bool, list[str]]:
     """Run `daily_lanes` in this process: the unpartitioned lane probes, then the day's partition of every
-    other asset, with the lanes' counters read around the latter. Returns the summary, success, failures."""
+    other asset, with the lanes' counters read around the latter; each step shows on the terminal as it
+    starts and ends, with what it logs (loop/progress.py; `verbose`: Dagster's every event too). Returns
+    the summary, success, failures."""
     from dagster import DagsterInstance
 
     from lanes_pipeline import definitions  # read at call time: tests swap in their own definitions
@@ -151,11 +156,18 @@ def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[s
     unpartitioned = [k for k in keys if graph.get(k).partitions_def is None]
     partitioned = [k for k in keys if graph.get(k).partitions_def is not None]
     tags = in_process_run_tags()
+    # Step keys in the day's order: the terminal numbers the steps by it.
+    run_config = {"loggers": run_loggers([key.to_python_identifier() for key in keys], verbose)}
+    click.echo(f"{PREFIX} {len(keys)} steps: {', '.join(key.to_user_string() for key in keys)}")
     rows: list[AssetOutcome] = []
     failures: list[str] = []
     if unpartitioned:
         probes = job.execute_in_process(
-            instance=instance, asset_selection=unpartitioned, tags=tags, raise_on_error=False
+            run_config=run_config,
+            instance=instance,
+            asset_selection=unpartitioned,
+            tags=tags,
+            raise_on_error=False,
         )
         stop_if_interrupted(probes)
         rows += _outcomes(probes, [k.to_user_string() for k in unpartitioned], None)
@@ -168,6 +180,7 @@ def _run_day(settings: Settings, endpoints: LaneEndpoints, day: date) -> tuple[s
     partition = day.isoformat()
     before = _read_counters(settings, endpoints)
     result = job.execute_in_process(
+        run_config=run_config,
         instance=instance,
         partition_key=partition,
         asset_selection=partitioned,
@@ -201,8 +214,12 @@ def yesterday(settings: Settings) -> date:
     default=None,
     help="the daily partition to run (default: yesterday, in the partitions' time zone)",
 )
-def run(day: datetime | None) -> None:
-    """The whole daily pipeline: start the lanes, probe each, run daily_lanes for a day, summarize, stop."""
+@click.option(
+    "--verbose", is_flag=True, help="Dagster's log of every event too, as `make dev`'s run view shows them"
+)
+def run(day: datetime | None, verbose: bool) -> None:
+    """The whole daily pipeline: start the lanes, probe each, run daily_lanes for a day, summarize, stop.
+    Each step shows as it starts and ends, a CPU-lane step also its items done of all with an ETA."""
     started = time.perf_counter()
     stop_like_ctrl_c()
     try:
@@ -216,7 +233,7 @@ def run(day: datetime | None) -> None:
             click.echo(f"[lanes] run {run_id} had died holding pool slots: marked failed, slots freed")
         with running_lanes(settings) as endpoints:
             click.echo(f"\n[lanes] running daily_lanes for {partition.isoformat()}")
-            summary, success, failures = _run_day(settings, endpoints, partition)
+            summary, success, failures = _run_day(settings, endpoints, partition, verbose)
             click.echo("[lanes] stopping the lanes")
     except KeyboardInterrupt:
         click.echo("[lanes] interrupted; the run is stopped and the lanes it started are down", err=True)

@@ -19,6 +19,7 @@ DOCUMENTS = [
     "docs/operations.md",
     "docs/benchmarks.md",
     "docs/review.md",
+    "docs/editors.md",
 ]
 # A word of 7-40 hex digits with at least one digit and one letter: what a commit hash looks like.
 COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")

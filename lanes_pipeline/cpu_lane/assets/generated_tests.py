@@ -4,7 +4,8 @@ the model's example calls of the symbol run in the sandbox at the snapshot commi
 regression oracles (observed values as the expected ones). A test is accepted only if it passes every
 sandbox run AND fails on both mutants of its symbol; every rejection keeps its reason. The day's symbols
 are day_symbols' choice; answers and results are remembered, so a re-run asks nothing and runs nothing.
-Coverage of each repository (symbols, covered so far, with an accepted test) goes into the metadata."""
+Coverage of each repository (symbols, covered so far, with an accepted test) goes into the metadata and
+`coverage.json` (which `lanes status` reads)."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from collections import Counter
@@ -18,7 +19,12 @@ from lanes_pipeline.cpu_lane.assets.repo_snapshot import day_symbols, repo_snaps
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.cpu_lane.jobs.oracle_tests import SymbolTestResult
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow, GeneratedTestsFigures
-from lanes_pipeline.cpu_lane.jobs.tests_day import SymbolTestCoverage, SymbolTestDay, SymbolTestsConfig
+from lanes_pipeline.cpu_lane.jobs.tests_day import (
+    COVERAGE_FILE,
+    SymbolTestCoverage,
+    SymbolTestDay,
+    SymbolTestsConfig,
+)
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import kind_yield
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource, fail_on_transient_failures
 from lanes_pipeline.daily.artifacts import md_table, write_partition
@@ -158,7 +164,10 @@ def generated_tests(
         store,
         "generated_tests",
         context.partition_key,
-        {"results.json": [i.model_dump(mode="json") for i in items]},
+        {
+            "results.json": [i.model_dump(mode="json") for i in items],
+            COVERAGE_FILE: [c.model_dump(mode="json") for c in coverage],
+        },
     )
     counts = Counter(item.verdict for item in items)
     accepted = counts.get("passed", 0)

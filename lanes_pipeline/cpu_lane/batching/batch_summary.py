@@ -125,12 +125,24 @@ class BatchProgress:
         return remaining * self.elapsed_s / self.answered
 
     def line(self) -> str:
-        eta = "unknown" if self.eta_s is None else f"{self.eta_s:.0f} s"
+        eta = "unknown" if self.eta_s is None else format_duration(self.eta_s)
         percent = 100 * self.done / self.total if self.total else 100.0
         return (
             f"{self.done}/{self.total} done ({percent:.0f}%): {self.cache_hits} from cache, "
-            f"{self.failed} failed; {self.elapsed_s:.0f} s elapsed, ETA {eta}"
+            f"{self.failed} failed; {format_duration(self.elapsed_s)} elapsed, ETA {eta}"
         )
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as a person reads it on a progress line: 42 s, 3 min 05 s, 2 h 07 min."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
 
 
 ProgressCallback = Callable[[BatchProgress], None]

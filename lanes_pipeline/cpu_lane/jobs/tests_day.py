@@ -30,6 +30,8 @@ from lanes_pipeline.sandbox.isolation import Isolation
 from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.settings import SandboxLimits
 
+# generated_tests' file of each repository's coverage after the day (`lanes status` reads the newest).
+COVERAGE_FILE = "coverage.json"
 # Verdicts reached without a sandbox: nothing to run, or rejected on its text alone.
 NO_SANDBOX = frozenset({"no_answer", "no_calls", "rejected_static"})
 
