@@ -32,7 +32,7 @@ from lanes_pipeline.cli.status_view import (
     render,
 )
 from lanes_pipeline.cpu_lane.batching.client import ServerProps
-from lanes_pipeline.cpu_lane.jobs.tests_day import COVERAGE_FILE, SymbolTestCoverage
+from lanes_pipeline.cpu_lane.jobs.tests_day import COVERAGE_FILE, COVERAGE_FOLDER, SymbolTestCoverage
 from lanes_pipeline.embedded.servers import LANE_LABEL, running_embedded_url
 from lanes_pipeline.errors import LaneError
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
@@ -46,7 +46,6 @@ from lanes_pipeline.store import ArtifactStore
 __all__ = ["LANE_DOWN_EXIT", "status"]
 
 PROBE_TIMEOUT_S = 5.0
-COVERAGE_ASSET = "generated_tests"
 # The assets whose latest metadata for the last day `lanes status` reads.
 DAY_ASSETS = ("accepted_work", "lora_dataset", "lora_adapter", "adapter_evaluation", "review_branch")
 
@@ -170,7 +169,7 @@ def read_next_run(now: datetime) -> NextRun:
 
 def read_coverage(store: ArtifactStore) -> tuple[str | None, list[SymbolTestCoverage]]:
     """The newest day of generated_tests that recorded each repository's coverage."""
-    folder = store.root / COVERAGE_ASSET
+    folder = store.root / COVERAGE_FOLDER
     recorded = folder.iterdir() if folder.is_dir() else iter(())
     # dot-folders are the store's staging folders, never a partition
     days = sorted(p.name for p in recorded if not p.name.startswith(".") and (p / COVERAGE_FILE).is_file())

@@ -37,7 +37,7 @@ from lanes_pipeline.cli.status_view import (
     next_daily_run,
     render,
 )
-from lanes_pipeline.cpu_lane.jobs.tests_day import COVERAGE_FILE, SymbolTestCoverage
+from lanes_pipeline.cpu_lane.jobs.tests_day import COVERAGE_FILE, COVERAGE_FOLDER, SymbolTestCoverage
 from lanes_pipeline.embedded.servers import EmbeddedServer
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, AliasMove, Version
 from lanes_pipeline.gpu_lane.learning_report import LEARNING_ASSET, LEARNING_FILE
@@ -120,7 +120,7 @@ def record_coverage(data: Path) -> None:
             backlog_today=9,
             remaining=30 - covered,
         )
-        store.write_json("generated_tests", day, COVERAGE_FILE, [row.model_dump(mode="json")])
+        store.write_json(COVERAGE_FOLDER, day, COVERAGE_FILE, [row.model_dump(mode="json")])
 
 
 def record_a_day(day: str) -> str:

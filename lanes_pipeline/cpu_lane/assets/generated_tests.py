@@ -5,7 +5,7 @@ regression oracles (observed values as the expected ones). A test is accepted on
 sandbox run AND fails on both mutants of its symbol; every rejection keeps its reason. The day's symbols
 are day_symbols' choice; answers and results are remembered, so a re-run asks nothing and runs nothing.
 Coverage of each repository (symbols, covered so far, with an accepted test) goes into the metadata and
-`coverage.json` (which `lanes status` reads)."""
+`test_coverage/<day>/coverage.json` (which `lanes status` reads)."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from collections import Counter
@@ -21,6 +21,7 @@ from lanes_pipeline.cpu_lane.jobs.oracle_tests import SymbolTestResult
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow, GeneratedTestsFigures
 from lanes_pipeline.cpu_lane.jobs.tests_day import (
     COVERAGE_FILE,
+    COVERAGE_FOLDER,
     SymbolTestCoverage,
     SymbolTestDay,
     SymbolTestsConfig,
@@ -164,10 +165,15 @@ def generated_tests(
         store,
         "generated_tests",
         context.partition_key,
-        {
-            "results.json": [i.model_dump(mode="json") for i in items],
-            COVERAGE_FILE: [c.model_dump(mode="json") for c in coverage],
-        },
+        {"results.json": [i.model_dump(mode="json") for i in items]},
+    )
+    # Coverage counts what every day so far covered, so a backfill of an old day sees more of it: it lives
+    # beside the partition, outside the day's content (whose hash a re-run or backfill must reproduce).
+    write_partition(
+        store,
+        COVERAGE_FOLDER,
+        context.partition_key,
+        {COVERAGE_FILE: [c.model_dump(mode="json") for c in coverage]},
     )
     counts = Counter(item.verdict for item in items)
     accepted = counts.get("passed", 0)

@@ -30,7 +30,9 @@ from lanes_pipeline.sandbox.isolation import Isolation
 from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.settings import SandboxLimits
 
-# generated_tests' file of each repository's coverage after the day (`lanes status` reads the newest).
+# generated_tests' file of each repository's coverage after the day (`lanes status` reads the newest), in a
+# store folder of its own: coverage depends on the days run before, the day's partition must not.
+COVERAGE_FOLDER = "test_coverage"
 COVERAGE_FILE = "coverage.json"
 # Verdicts reached without a sandbox: nothing to run, or rejected on its text alone.
 NO_SANDBOX = frozenset({"no_answer", "no_calls", "rejected_static"})
