@@ -1,6 +1,6 @@
 """A GGUF header read without gguf-py's tensor types, the parameter split it gives (active and total), and
 the pure parts of ik_llama.cpp's tools: what is taken from its sdist, and the config.json its converter
-is shown."""
+is shown; and what a server's log says it took."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import gguf
 import numpy as np
 import pytest
 
+from lanes_pipeline.embedded.engine_log import read_back
 from lanes_pipeline.embedded.gguf_header import GgufError, param_split, read_header, read_header_file
 from lanes_pipeline.embedded.ik_tools import converter_view, tree_member
 
@@ -115,3 +116,30 @@ def test_the_converter_sees_the_rope_base_where_it_reads_it(tmp_path: Path) -> N
     assert json.loads((source / "config.json").read_text()) == config  # the source is not changed
     (source / "config.json").write_text(json.dumps({**config, "rope_theta": 100000.0}))
     assert converter_view(source, tmp_path / "work2") == source  # nothing to rewrite
+
+
+IK_LOG = """llm_load_print_meta: n_expert         = 4
+llm_load_print_meta: n_expert_used    = 2
+Tensor blk.0.ffn_gate_exps.weight (size = 2.11 MiB) buffer type overriden to CPU
+Tensor blk.0.ffn_down_exps.weight (size = 2.11 MiB) buffer type overriden to CPU
+============ Repacked 120 tensors
+llama_init_from_model: flash_attn    = 0
+llama_init_from_model: attn_max_b    = 256
+llama_init_from_model: fused_moe     = 0
+llama_init_from_model: ser           = 1, 0.5
+"""
+
+
+def test_the_settings_a_server_took_are_read_back_from_its_log() -> None:
+    assert read_back(IK_LOG) == {
+        "n_expert": "4",
+        "n_expert_used": "2",
+        "flash_attn": "0",
+        "fused_moe": "0",
+        "ser": "1, 0.5",
+        "attn_max_batch": "256",
+        "repacked_tensors": "120",
+        "overridden_tensors": "2 to CPU",
+    }
+    upstream = "print_info: n_expert              = 4\nllama_context: flash_attn    = auto\n"
+    assert read_back(upstream) == {"n_expert": "4", "flash_attn": "auto"}  # only what it printed
