@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Upcycle a dense Llama checkpoint into a Mixtral-style MoE.")
     parser.add_argument("source", type=Path)
     parser.add_argument("target", type=Path)
-    parser.add_argument("--experts", type=int, default=MoeSpec().experts)
+    parser.add_argument("--experts", type=int, required=True)
     parser.add_argument("--noise", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

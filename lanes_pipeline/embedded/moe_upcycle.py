@@ -38,7 +38,7 @@ class MoeSpec:
     """What the upcycled model is: `experts` copies of each MLP, top-2 routing; `noise` > 0 adds seeded
     Gaussian noise of that fraction of each weight's own standard deviation to every expert."""
 
-    experts: int = 4
+    experts: int  # the config's cpu_lane.embedded.moe_experts
     noise: float = 0.0
     seed: int = 0
 

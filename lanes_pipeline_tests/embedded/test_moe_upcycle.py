@@ -110,15 +110,18 @@ def test_the_converter_config_lifts_the_rope_base_out_of_rope_parameters() -> No
 )
 def test_a_checkpoint_that_cannot_be_upcycled_is_named(change: dict[str, object], reason: str) -> None:
     with pytest.raises(UpcycleError, match=reason):
-        mixtral_config({**DENSE, **change}, MoeSpec())
+        mixtral_config({**DENSE, **change}, MoeSpec(experts=4))
 
 
 def test_fewer_experts_than_the_router_picks_and_negative_noise_are_refused() -> None:
     with pytest.raises(UpcycleError, match="at least that many"):
         MoeSpec(experts=1)
     with pytest.raises(UpcycleError, match="negative"):
-        MoeSpec(noise=-0.1)
-    assert (MoeSpec().name, MoeSpec(experts=8, noise=0.3, seed=2).name) == ("moe4", "moe8-noise0.3-seed2")
+        MoeSpec(experts=4, noise=-0.1)
+    assert (MoeSpec(experts=4).name, MoeSpec(experts=8, noise=0.3, seed=2).name) == (
+        "moe4",
+        "moe8-noise0.3-seed2",
+    )
 
 
 def test_each_mlp_weight_maps_to_its_mixtral_expert_weight() -> None:
@@ -171,7 +174,7 @@ def test_a_layer_without_its_mlp_is_named() -> None:
     dense = dense_tensors()
     del dense["model.layers.1.mlp.up_proj.weight"]
     with pytest.raises(UpcycleError, match=r"no model\.layers\.1\.mlp\.up_proj\.weight"):
-        list(upcycled_tensors(dense, mixtral_config(DENSE, MoeSpec()), MoeSpec()))
+        list(upcycled_tensors(dense, mixtral_config(DENSE, MoeSpec(experts=4)), MoeSpec(experts=4)))
 
 
 def test_the_upcycled_folder_holds_config_shards_index_and_tokenizer(tmp_path: Path) -> None:
