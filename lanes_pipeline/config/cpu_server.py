@@ -41,7 +41,7 @@ class EmbeddedCpuServer(StrictModel):
     model: CpuModelKind = Field(
         "dense",
         description="dense: the shipped SmolLM2-135M Q4_1; moe: the same model upcycled into a mixture of "
-        "moe_experts experts (top-2), built once with ik_llama.cpp's converter and quantizer",
+        "moe_experts experts (top-2), Q4_0, built once with ik_llama.cpp's converter and quantizer",
     )
     moe_experts: int = Field(4, ge=2, le=64, description="experts per layer of the moe model (top-2 of them)")
     gguf: str | None = Field(

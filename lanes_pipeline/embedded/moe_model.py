@@ -22,10 +22,13 @@ from lanes_pipeline.embedded.moe_upcycle import MoeSpec, mixtral_config, upcycle
 from lanes_pipeline.errors import EmbeddedStartError
 from lanes_pipeline.settings import EmbeddedCpuServer, project_root
 
-MOE_QUANT = "Q4_1"  # the dense model's own quantization
-# llama-quantize gives a model with experts 8-bit attention K and V (the dense one gets Q4_1): the same types
-# as the dense model keep everything but the experts' routing identical, so the two compute one function.
-MOE_QUANT_OPTIONS = ("--attn-k-type", "q4_1", "--attn-v-type", "q4_1")
+# 4 bits like the shipped model (Q4_1), in a type ik's -rtr repacks into an interleaved layout (Q4_0_R8;
+# Q4_1 has none), so that the flag reaches the experts.
+MOE_QUANT = "Q4_0"
+# llama-quantize gives a model with experts 8-bit attention K and V (a dense one gets Q4_0): the same types as
+# the dense model's keep everything but the experts and their router identical, so the two compute one
+# function (the equivalence test's dense reference is the same checkpoint made with `made:Q4_0`).
+MOE_QUANT_OPTIONS = ("--attn-k-type", "q4_0", "--attn-v-type", "q4_0")
 # Shards of about this many bytes: the checkpoint is written without holding all its copies at once.
 SHARD_BYTES = 512 * 1024 * 1024
 _NOT_COPIED = ("config.json", "model.safetensors.index.json")

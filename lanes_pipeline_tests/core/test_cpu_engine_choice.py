@@ -226,7 +226,7 @@ def test_the_embedded_model_must_be_the_kind_its_registry_entry_says(config_dir:
         "configs/models.yaml, but cpu_lane.embedded.model serves the moe one: name a moe model of "
         "configs/models.yaml with path: embedded"
     )
-    _edit(config_dir, "lanes.yaml", _set("cpu_lane", "model", value="smollm2-135m-moe4-q4_1"))
+    _edit(config_dir, "lanes.yaml", _set("cpu_lane", "model", value="smollm2-135m-moe4-q4_0"))
     assert load_settings(config_dir).lanes.cpu_lane.embedded.model == "moe"
     _edit(config_dir, "lanes.yaml", _set("cpu_lane", "embedded", value={"model": "moe", "moe_experts": 1}))
     with pytest.raises(ConfigError, match=r"cpu_lane\.embedded\.moe_experts: .*greater than or equal to 2"):

@@ -290,7 +290,7 @@ def test_a_trial_s_parameters_come_from_its_gguf_else_from_models_yaml(
 ) -> None:
     moe = tmp_path / "moe.gguf"
     write_gguf(moe, experts=4, used=2)
-    spec = TrialSpec(name="t", lane="cpu", model="smollm2-135m-moe4-q4_1", file=str(moe))
+    spec = TrialSpec(name="t", lane="cpu", model="smollm2-135m-moe4-q4_0", file=str(moe))
     params = trials_module.model_params(spec, settings, moe)
     assert (params.moe, params.source) == (True, "gguf")
     assert params.active_params_b < params.total_params_b < 1e-5  # the file's own tensors, not the registry's
