@@ -2,7 +2,8 @@
 known to have taken effect, not only to have been passed. ik_llama.cpp prints its context settings once
 (`llama_init_from_model: fused_moe = 1`, `ser = 1, 0.5`, `attn_max_b = 512`), the tensors `-ot` placed
 (`Tensor blk.0.ffn_up_exps.weight (size = ...) buffer type overriden to CPU`) and what `-rtr` repacked
-(`============ Repacked 120 tensors`); both engines print the model's experts (`n_expert = 4`).
+(`============ Repacked 120 tensors`) and the model's experts (`n_expert = 4`). Upstream llama-server prints
+none of these at its default verbosity: what it took is not read back.
 """
 
 from __future__ import annotations

@@ -22,20 +22,13 @@ from lanes_pipeline.embedded.moe_upcycle import MoeSpec, mixtral_config, upcycle
 from lanes_pipeline.errors import EmbeddedStartError
 from lanes_pipeline.settings import EmbeddedCpuServer, project_root
 
-# 4 bits like the shipped model (Q4_1), in a type ik's -rtr repacks into an interleaved layout (Q4_0_R8;
-# Q4_1 has none), so that the flag reaches the experts.
-MOE_QUANT = "Q4_0"
-# llama-quantize gives a model with experts 8-bit attention K and V (a dense one gets Q4_0): the same types as
-# the dense model's keep everything but the experts and their router identical, so the two compute one
-# function (the equivalence test's dense reference is the same checkpoint made with `made:Q4_0`).
-MOE_QUANT_OPTIONS = ("--attn-k-type", "q4_0", "--attn-v-type", "q4_0")
 # Shards of about this many bytes: the checkpoint is written without holding all its copies at once.
 SHARD_BYTES = 512 * 1024 * 1024
 _NOT_COPIED = ("config.json", "model.safetensors.index.json")
 
 
 def moe_gguf_path(data_dir: Path, spec: MoeSpec) -> Path:
-    return data_dir / "models" / f"smollm2-135m-instruct-{spec.name}.{MOE_QUANT}.gguf"
+    return data_dir / "models" / f"smollm2-135m-instruct-{spec.name}.{spec.quant}.gguf"
 
 
 def write_upcycled(source: Path, target: Path, spec: MoeSpec) -> None:
@@ -83,7 +76,8 @@ def write_upcycled(source: Path, target: Path, spec: MoeSpec) -> None:
 
 
 def upcycled_moe_gguf(data_dir: Path, spec: MoeSpec) -> Path:
-    """The upcycled model as a GGUF file, built once (upcycle, convert to F16, quantize); a step that fails
+    """The upcycled model as a GGUF file, built once (upcycle, convert to F16, quantize unless F16 is asked
+    for); a step that fails
     raises with that tool's own last lines (a model the converter cannot convert: the converter's message)
     and the log's path."""
     target = moe_gguf_path(data_dir, spec)
@@ -110,8 +104,11 @@ def upcycled_moe_gguf(data_dir: Path, spec: MoeSpec) -> Path:
             ]
             command += ["--experts", str(spec.experts), "--noise", str(spec.noise), "--seed", str(spec.seed)]
             run_logged(command, log_path, f"upcycling {source} into {spec.name}")
-            convert_to_gguf(data_dir, checkpoint, f16, log_path)
-            quantize_gguf(data_dir, f16, target, MOE_QUANT, log_path, MOE_QUANT_OPTIONS)
+            if spec.quant == "F16":
+                convert_to_gguf(data_dir, checkpoint, target, log_path)
+            else:
+                convert_to_gguf(data_dir, checkpoint, f16, log_path)
+                quantize_gguf(data_dir, f16, target, spec.quant, log_path, spec.quantize_options())
         finally:
             shutil.rmtree(work, ignore_errors=True)  # the checkpoint and the F16 file: only the GGUF stays
     return target

@@ -33,14 +33,22 @@ class UpcycleError(ValueError):
     """The dense checkpoint is not one this upcycling understands; the message says what is missing."""
 
 
+# 4 bits like the shipped model (Q4_1), in a type ik's -rtr repacks into an interleaved layout (Q4_0_R8;
+# Q4_1 has none), so that the flag reaches the experts. F16: the same function without 4-bit kernels, whose
+# rounding differs between ik's dense and MoE matrix products (see the equivalence test).
+MOE_QUANTS = ("Q4_0", "Q4_1", "Q8_0", "F16")
+
+
 @dataclass(frozen=True)
 class MoeSpec:
-    """What the upcycled model is: `experts` copies of each MLP, top-2 routing; `noise` > 0 adds seeded
-    Gaussian noise of that fraction of each weight's own standard deviation to every expert."""
+    """What the upcycled model is: `experts` copies of each MLP, top-2 routing, quantized to `quant`;
+    `noise` > 0 adds seeded Gaussian noise of that fraction of each weight's own standard deviation to every
+    expert."""
 
     experts: int  # the config's cpu_lane.embedded.moe_experts
     noise: float = 0.0
     seed: int = 0
+    quant: str = MOE_QUANTS[0]
 
     def __post_init__(self) -> None:
         if self.experts < EXPERTS_USED:
@@ -49,12 +57,23 @@ class MoeSpec:
             )
         if self.noise < 0:
             raise UpcycleError(f"noise {self.noise} is negative")
+        if self.quant not in MOE_QUANTS:
+            raise UpcycleError(f"quant {self.quant!r} is not one of {', '.join(MOE_QUANTS)}")
 
     @property
     def name(self) -> str:
-        """The model's file stem: its experts, and its noise and seed when perturbed."""
+        """The model's name: its experts, and its noise and seed when perturbed."""
         base = f"moe{self.experts}"
         return base if self.noise == 0 else f"{base}-noise{self.noise:g}-seed{self.seed}"
+
+    def quantize_options(self) -> tuple[str, ...]:
+        """llama-quantize gives a model with experts 8-bit attention K and V (a dense one gets the type
+        asked for): the dense model's types keep everything but the experts and their router identical, so
+        the two compute one function (the equivalence test's dense reference: the same checkpoint through
+        `made:<QUANT>`)."""
+        if self.quant == "F16":
+            return ()
+        return ("--attn-k-type", self.quant.lower(), "--attn-v-type", self.quant.lower())
 
 
 def converter_config(config: Mapping[str, Any]) -> dict[str, Any]:
