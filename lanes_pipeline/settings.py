@@ -164,6 +164,8 @@ def _crossfile_issues(labels: dict[str, str], parsed: dict[str, StrictModel]) ->
         elif entry.lane != wanted:
             reason = f"model {lane.model!r} is registered for the {entry.lane} lane, not {wanted}"
             issues.append(ConfigIssue(labels["lanes.yaml"], f"{lane_name}.model", reason))
+        elif isinstance(lane, CpuLane) and lane.is_embedded:
+            issues += _embedded_cpu_model_issues(lane, entry, labels)
     training = parsed.get("training.yaml")
     if isinstance(training, TrainingConfig) and training.lora.r > lanes.gpu_lane.max_lora_rank:
         reason = (
@@ -171,6 +173,25 @@ def _crossfile_issues(labels: dict[str, str], parsed: dict[str, StrictModel]) ->
         )
         issues.append(ConfigIssue(labels["training.yaml"], "lora.r", reason))
     return issues
+
+
+def _embedded_cpu_model_issues(lane: CpuLane, entry: ModelEntry, labels: dict[str, str]) -> list[ConfigIssue]:
+    """The registry entry of the embedded CPU lane's model gives its figures (PF by active parameters): it
+    must be the file the embedded server serves (`embedded.gguf`), or the kind of bundled model it serves."""
+    models, gguf, served = labels["models.yaml"], lane.embedded.gguf, lane.embedded.model
+    if gguf is not None and entry.path != gguf:
+        reason = (
+            f"{lane.model!r} has path {entry.path!r} in {models}, but cpu_lane.embedded.gguf serves "
+            f"{gguf!r}: name the entry of {models} whose path is that file"
+        )
+    elif gguf is None and entry.path == EMBEDDED and entry.arch != served:
+        reason = (
+            f"{lane.model!r} is a {entry.arch} model in {models}, but cpu_lane.embedded.model serves the "
+            f"{served} one: name a {served} model of {models} with path: embedded"
+        )
+    else:
+        return []
+    return [ConfigIssue(labels["lanes.yaml"], "cpu_lane.model", reason)]
 
 
 def _optionalfile_issues(config_dir: Path, parsed: dict[str, StrictModel]) -> list[ConfigIssue]:

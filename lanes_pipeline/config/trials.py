@@ -22,6 +22,7 @@ TRIALS_FILE = "trials.yaml"
 # What llama-quantize can make from the F16 conversion; F16 is the conversion itself.
 MADE_QUANTS = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q4_1")
 _MADE = re.compile(r"^made:(?P<quant>[A-Z0-9_]+)$")
+MOE_FILE = "moe"
 
 
 class CpuServerFlags(StrictModel):
@@ -53,8 +54,10 @@ class GpuServerFlags(StrictModel):
 class TrialSpec(StrictModel):
     """One named launch: a model file and quantization on one lane's engine, with server flags.
 
-    `file`: `embedded` (the lane's shipped model), `made:<QUANT>` (the lane's HF model converted to GGUF and
-    quantized once with ik_llama.cpp's tools; CPU lane only), or a path: GGUF file (CPU), HF folder (GPU).
+    `file`: `embedded` (the lane's shipped model), `moe` (the shipped model upcycled into a mixture of
+    `cpu_lane.embedded.moe_experts` experts, the CPU lane's `model: moe`), `made:<QUANT>` (the lane's HF model
+    converted to GGUF and quantized once with ik_llama.cpp's tools; CPU lane only), or a path: GGUF file
+    (CPU), HF folder (GPU).
     `command`: instead of an embedded engine, the user's own server command template; `{port}` and `{model}`
     are filled in, and the trial measures whatever answers there.
     """
@@ -84,6 +87,8 @@ class TrialSpec(StrictModel):
     def _made_is_cpu(self) -> TrialSpec:
         if self.made_quant is not None and self.lane != "cpu":
             raise ValueError("file made:<QUANT> makes a GGUF file: only for the cpu lane")
+        if self.file == MOE_FILE and self.lane != "cpu":
+            raise ValueError(f"file {MOE_FILE} is the CPU lane's MoE (a GGUF file): only for the cpu lane")
         if self.command is not None and not any("{port}" in part for part in self.command):
             raise ValueError("command needs a {port} placeholder: the trial picks a free port")
         return self

@@ -58,6 +58,25 @@ IK_PATCHES = (
         why="slot, LoRA and control-vector actions register for their answer before posting the task",
         occurrences=7,
     ),
+    # ik's llama graph (Llama, Mistral, and Mixtral: a llama GGUF with experts) adds each layer's residual
+    # inside its FFN builders (add_input) instead of after them. The dense builder is given the layer's input
+    # and normalises it itself; the MoE builder is given the input already normalised (ffn_norm), so it added
+    # the normalised hidden state as the residual, not the hidden state: every llama-architecture MoE answered
+    # gibberish ("chartedchartedcharted..." from SmolLM2 upcycled into 4 identical experts, whose answers
+    # must be the dense model's; the same GGUF on upstream llama-server answers as the dense model does).
+    SourcePatch(
+        path="src/llama-build-context.cpp",
+        old="""                    LLM_EXPERT_GATING_FUNC_SOFTMAX,
+                    cb, il, gf, true);
+            cb(cur, "ffn_moe_out", il);
+""",
+        new="""                    LLM_EXPERT_GATING_FUNC_SOFTMAX,
+                    cb, il, gf, false);
+            cur = ggml_add(ctx0, cur, ffn_inp);  // lanes_pipeline: the residual is the layer's input
+            cb(cur, "ffn_moe_out", il);
+""",
+        why="a llama-architecture MoE layer adds its input as the residual, not the normalised input",
+    ),
     # A request with a grammar (a `json_schema` is one) whose sampler picks an end-of-generation token
     # before the grammar is complete aborts the whole server (GGML_ABORT in llama_grammar_accept_impl),
     # dropping every request on it. The sampler applies the grammar, so it picks such a token only from

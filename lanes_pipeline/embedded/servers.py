@@ -22,6 +22,7 @@ import httpx
 import psutil
 
 from lanes_pipeline.embedded import engines
+from lanes_pipeline.embedded.moe_model import embedded_cpu_gguf
 from lanes_pipeline.errors import (
     EmbeddedStartError,
     LaneError,
@@ -113,7 +114,7 @@ def llama_server_command(lane: CpuLane, data: Path, port: int) -> ServerCommand:
     argv = [
         str(binary),
         "-m",
-        str(engines.embedded_gguf(data)),
+        str(embedded_cpu_gguf(embedded, data)),
         "-a",
         lane.model_alias,
         "-np",

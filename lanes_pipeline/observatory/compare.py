@@ -20,7 +20,9 @@ COLUMNS = (
     "TG@slots",
     "p95 s",
     "prefix hit",
+    "params B active/total",
     "PF",
+    "PF total",
     "interference",
 )
 
@@ -43,13 +45,16 @@ class CompareRow(BaseModel):
     generation_tok_s_slots: float | None
     p95_s: float | None
     prefix_hit: float | None
+    active_params_b: float | None
+    total_params_b: float | None
     pf: float | None
+    pf_total: float | None
     interference: float | None
     error: str | None = None
 
 
 def compare_row(record: TrialRecord) -> CompareRow:
-    f = record.figures
+    f, p = record.figures, record.params
     return CompareRow(
         name=record.name,
         lane=record.lane,
@@ -64,7 +69,10 @@ def compare_row(record: TrialRecord) -> CompareRow:
         generation_tok_s_slots=f.generation_tok_s_slots if f else None,
         p95_s=f.p95_s if f else None,
         prefix_hit=f.prefix_hit if f else None,
+        active_params_b=p.active_params_b if p else None,
+        total_params_b=p.total_params_b if p else None,
         pf=f.pf if f else None,
+        pf_total=f.generation_tok_s / p.total_params_b if f and p else None,
         interference=record.interference,
         error=None if record.ok else (record.error or "failed"),
     )
@@ -78,6 +86,12 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _params(active: float | None, total: float | None) -> str:
+    if active is None or total is None:
+        return "-"
+    return f"{active:.3g}" if active == total else f"{active:.3g}/{total:.3g}"
+
+
 def cells(row: CompareRow) -> list[str]:
     threads = "-" if row.threads is None else str(row.threads)
     figures = [
@@ -87,7 +101,9 @@ def cells(row: CompareRow) -> list[str]:
         _num(row.generation_tok_s_slots, 1),
         _num(row.p95_s),
         _pct(row.prefix_hit),
+        _params(row.active_params_b, row.total_params_b),
         _num(row.pf, 1),
+        _num(row.pf_total, 1),
         _num(row.interference),
     ]
     if row.error:

@@ -12,6 +12,16 @@ from lanes_pipeline.observatory.interference import InterferenceFigures
 from lanes_pipeline.observatory.measure import LaneFigures
 
 
+class ModelParams(BaseModel):
+    """What a trial's model is: MoE or dense, and its parameters one token uses and in all, in billions;
+    read from the GGUF's tensors (CPU lane) or from models.yaml (an HF folder, a GGUF split in parts)."""
+
+    moe: bool
+    active_params_b: float
+    total_params_b: float
+    source: str  # "gguf", or "models.yaml" (with why, when a GGUF's own header was not used)
+
+
 class TrialRecord(BaseModel):
     name: str
     lane: str
@@ -25,6 +35,8 @@ class TrialRecord(BaseModel):
     ok: bool
     wall_s: float
     figures: LaneFigures | None = None
+    params: ModelParams | None = None  # None in rows recorded before it existed
+    read_back: dict[str, str] = {}  # what the server's log says it took (embedded/engine_log.py)
     interference: float | None = None  # this lane's tok/s beside the other lane's load / alone
     interference_detail: InterferenceFigures | None = None
     error: str | None = None

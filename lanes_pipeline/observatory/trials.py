@@ -18,8 +18,12 @@ from typing import Literal
 
 import httpx
 
-from lanes_pipeline.config.trials import TrialSpec
+from lanes_pipeline.config.trials import MOE_FILE, TrialSpec
 from lanes_pipeline.embedded import engines
+from lanes_pipeline.embedded.engine_log import read_back
+from lanes_pipeline.embedded.gguf_header import GgufError, param_split, read_header_file
+from lanes_pipeline.embedded.moe_model import upcycled_moe_gguf
+from lanes_pipeline.embedded.moe_upcycle import MoeSpec
 from lanes_pipeline.embedded.servers import (
     EmbeddedServer,
     ServerCommand,
@@ -35,7 +39,7 @@ from lanes_pipeline.observatory.benchmark import lane_target
 from lanes_pipeline.observatory.interference import measure_interference
 from lanes_pipeline.observatory.measure import LaneName, LaneTarget, measure_lane
 from lanes_pipeline.observatory.quantize import check_model_file, make_gguf
-from lanes_pipeline.observatory.registry import TrialRecord
+from lanes_pipeline.observatory.registry import ModelParams, TrialRecord
 from lanes_pipeline.observatory.workload import Workload
 from lanes_pipeline.settings import Settings
 
@@ -43,11 +47,35 @@ OtherLane = Literal["none", "running", "start"]
 ADAPTER_NAME = "trial-adapter"
 
 
-def active_params_b(settings: Settings, model: str) -> float:
+def registered_params(settings: Settings, model: str, source: str = "models.yaml") -> ModelParams:
+    """A model's parameters as models.yaml gives them."""
     entry = next((m for m in settings.models.models if m.name == model), None)
     if entry is None:
         raise LaneError(f"trial model {model!r} is not a model in configs/models.yaml")
-    return entry.active_params_b or entry.params_b
+    return ModelParams(
+        moe=entry.arch == "moe",
+        active_params_b=entry.active_params_b or entry.params_b,
+        total_params_b=entry.params_b,
+        source=source,
+    )
+
+
+def model_params(spec: TrialSpec, settings: Settings, path: Path) -> ModelParams:
+    """What the served file holds: a GGUF's own tensors (all of them, and those a token uses: the routed
+    experts by expert_used_count / expert_count), else (an HF folder, a GGUF split in parts, a header this
+    reader does not know, which `source` names) models.yaml."""
+    if spec.lane != "cpu" or not path.is_file():
+        return registered_params(settings, spec.model)
+    try:
+        header = read_header_file(path)
+    except GgufError as exc:
+        return registered_params(settings, spec.model, f"models.yaml ({exc})")
+    if int(header.metadata.get("split.count", 1) or 1) > 1:
+        return registered_params(settings, spec.model, "models.yaml (a GGUF split in parts)")
+    split = param_split(header)
+    return ModelParams(
+        moe=split.moe, active_params_b=split.active_b, total_params_b=split.total_b, source="gguf"
+    )
 
 
 def engine_label(spec: TrialSpec, settings: Settings) -> str:
@@ -82,6 +110,8 @@ def model_path(spec: TrialSpec, settings: Settings) -> Path:
     data = settings.data_dir
     if spec.file == "embedded":
         path = engines.embedded_gguf(data) if spec.lane == "cpu" else engines.embedded_hf_model(data)
+    elif spec.file == MOE_FILE:
+        path = upcycled_moe_gguf(data, MoeSpec(experts=settings.lanes.cpu_lane.embedded.moe_experts))
     elif spec.made_quant is not None:
         path = make_gguf(data, engines.embedded_hf_model(data), spec.made_quant)
     else:
@@ -187,20 +217,23 @@ def run_trial(
     command_line = ""
     folder = trial_folder(settings.data_dir, spec.name)
     server: EmbeddedServer | None = None
+    params: ModelParams | None = None
     try:
         config = settings.lanes.cpu_lane if spec.lane == "cpu" else settings.lanes.gpu_lane
         port = choose_port(spec.lane, 0)
         command, served = server_command(spec, settings, port)
+        params = model_params(spec, settings, model_path(spec, settings))
         command_line = shlex.join(command.argv)
         server = EmbeddedServer(command, folder, config.ready_timeout_s, publish=False)
         with ExitStack() as stack:
             running = stack.enter_context(_started(server))
+            read = read_back(server.log_path.read_text(errors="replace"))
             target = LaneTarget(
                 lane=spec.lane,
                 url=running.url,
                 model=served,
                 slots=spec.slots(settings.lanes),
-                active_params_b=active_params_b(settings, spec.model),
+                active_params_b=params.active_params_b,
                 api_key=config.api_key(),
             )
             figures = measure_lane(target, work)
@@ -216,6 +249,8 @@ def run_trial(
             ok=True,
             wall_s=round(time.perf_counter() - clock, 1),
             figures=figures,
+            params=params,
+            read_back=read,
             interference=detail.for_lane(spec.lane) if detail else None,
             interference_detail=detail,
         )
@@ -231,6 +266,7 @@ def run_trial(
         command=command_line,
         ok=False,
         wall_s=round(time.perf_counter() - clock, 1),
+        params=params,
         error=failure,
         log_tail=tail or None,
     )

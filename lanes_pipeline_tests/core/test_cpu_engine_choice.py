@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.embedded import engines, ik_patches
+from lanes_pipeline.embedded import engines, ik_patches, moe_model
+from lanes_pipeline.embedded.moe_upcycle import MoeSpec
 from lanes_pipeline.embedded.servers import llama_server_command
 from lanes_pipeline.errors import EmbeddedStartError
 from lanes_pipeline.settings import ConfigError, CpuLane, EmbeddedCpuServer, load_settings
@@ -39,6 +40,7 @@ def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Pa
     paths = {
         "src/llama.cpp",
         "src/llama-grammar.cpp",
+        "src/llama-build-context.cpp",
         "examples/server/server.cpp",
         "examples/server/server-context.cpp",
     }
@@ -66,6 +68,9 @@ def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Pa
     assert "send_error" not in (tmp_path / "examples/server/server-context.cpp").read_text()
     # an end of generation with the grammar unfinished ends the answer; nothing aborts the server
     assert "GGML_ABORT" not in (tmp_path / "src/llama-grammar.cpp").read_text()
+    # a llama-architecture MoE layer adds its input, not the normalised input, as the residual
+    graph = (tmp_path / "src/llama-build-context.cpp").read_text()
+    assert "gf, true);" not in graph and "cur = ggml_add(ctx0, cur, ffn_inp);" in graph
     snapshot = {p.path: (tmp_path / p.path).read_text() for p in ik_patches.IK_PATCHES}
     ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
     assert {p.path: (tmp_path / p.path).read_text() for p in ik_patches.IK_PATCHES} == snapshot
@@ -189,6 +194,45 @@ def test_the_engine_and_extra_args_are_checked_in_the_config(config_dir: Path) -
     _edit(config_dir, "lanes.yaml", _set("cpu_lane", "embedded", "engine", value="llama_cpp"))
     _edit(config_dir, "lanes.yaml", _set("cpu_lane", "embedded", "extra_args", value=["--port", "1"]))
     with pytest.raises(ConfigError, match=r"cpu_lane\.embedded\.extra_args: .*'--port' is set by the lane"):
+        load_settings(config_dir)
+
+
+def test_the_embedded_lane_serves_the_dense_or_the_upcycled_moe_model(
+    fake_engines: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[MoeSpec] = []
+
+    def upcycled(data: Path, spec: MoeSpec) -> Path:
+        built.append(spec)
+        return tmp_path / f"{spec.name}.gguf"
+
+    monkeypatch.setattr(moe_model, "upcycled_moe_gguf", upcycled)
+    for engine in ("ik_llama", "llama_cpp"):
+        dense = llama_server_command(CpuLane(embedded=EmbeddedCpuServer(engine=engine)), tmp_path, 9008).argv
+        assert dense[dense.index("-m") + 1] == str(tmp_path / "model.gguf")
+        moe = EmbeddedCpuServer(engine=engine, model="moe", moe_experts=8)
+        argv = llama_server_command(CpuLane(embedded=moe), tmp_path, 9009).argv
+        assert argv[argv.index("-m") + 1] == str(tmp_path / "moe8.gguf")
+    assert built == [MoeSpec(experts=8)] * 2
+
+
+def test_the_embedded_model_must_be_the_kind_its_registry_entry_says(config_dir: Path) -> None:
+    """PF divides by the registry entry's active parameters: a dense entry for the MoE would overstate it."""
+    _edit(config_dir, "lanes.yaml", _set("cpu_lane", "embedded", value={"model": "moe"}))
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config_dir)
+    assert str(caught.value.issues[0]) == (
+        "configs/lanes.yaml: cpu_lane.model: 'smollm2-135m-instruct-q4_1' is a dense model in "
+        "configs/models.yaml, but cpu_lane.embedded.model serves the moe one: name a moe model of "
+        "configs/models.yaml with path: embedded"
+    )
+    _edit(config_dir, "lanes.yaml", _set("cpu_lane", "model", value="smollm2-135m-moe4-q4_0"))
+    assert load_settings(config_dir).lanes.cpu_lane.embedded.model == "moe"
+    _edit(config_dir, "lanes.yaml", _set("cpu_lane", "embedded", value={"model": "moe", "moe_experts": 1}))
+    with pytest.raises(ConfigError, match=r"cpu_lane\.embedded\.moe_experts: .*greater than or equal to 2"):
+        load_settings(config_dir)
+    _edit(config_dir, "lanes.yaml", _set("cpu_lane", "embedded", value={"model": "mixture"}))
+    with pytest.raises(ConfigError, match=r"cpu_lane\.embedded\.model: 'mixture' is not one of dense or moe"):
         load_settings(config_dir)
 
 

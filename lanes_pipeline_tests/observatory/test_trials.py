@@ -17,9 +17,10 @@ from lanes_pipeline.observatory import trials as trials_module
 from lanes_pipeline.observatory.compare import compare_row, markdown_table, write_chart
 from lanes_pipeline.observatory.measure import LaneFigures
 from lanes_pipeline.observatory.quantize import check_model_file
-from lanes_pipeline.observatory.registry import TrialRecord, TrialRegistry
+from lanes_pipeline.observatory.registry import ModelParams, TrialRecord, TrialRegistry
 from lanes_pipeline.observatory.workload import SMALL
 from lanes_pipeline.settings import ConfigError, Settings, load_settings, project_root
+from lanes_pipeline_tests.embedded.test_gguf_and_ik_tools import write_gguf
 
 
 @pytest.fixture
@@ -31,6 +32,9 @@ def config_dir(tmp_path: Path) -> Path:
 
 def write_trials(config_dir: Path, trials: list[dict[str, object]]) -> None:
     (config_dir / "trials.yaml").write_text(yaml.safe_dump({"trials": trials}))
+
+
+MOE_PARAMS = ModelParams(moe=True, active_params_b=0.2, total_params_b=0.4, source="gguf")
 
 
 def record(name: str, ok: bool = True, **changes: object) -> TrialRecord:
@@ -71,7 +75,11 @@ def record(name: str, ok: bool = True, **changes: object) -> TrialRecord:
 def test_shipped_trials_are_valid_and_cover_this_machine() -> None:
     trials = load_trials(project_root() / "configs").trials
     files = {t.file for t in trials if t.lane == "cpu"}
-    assert {"embedded", "made:F16", "made:Q8_0"} <= files
+    assert {"embedded", "moe", "made:F16", "made:Q8_0"} <= files
+    moe = [t for t in trials if t.file == "moe"]
+    assert {t.cpu.engine for t in moe} == {"ik_llama", "llama_cpp"}
+    flags = {tuple(t.extra_args) for t in moe}
+    assert {(), ("-no-fmoe",), ("-rtr",), ("-ser", "1,0.5")} <= flags
     assert {t.cpu.threads for t in trials if t.lane == "cpu"} >= {1, 2}
     assert {t.cpu.slots for t in trials if t.lane == "cpu"} >= {1, 2, 4}
     assert {t.gpu.adapter for t in trials if t.lane == "gpu"} == {"none", "random"}
@@ -91,6 +99,10 @@ def test_shipped_trials_are_valid_and_cover_this_machine() -> None:
         (
             {"name": "a", "lane": "gpu", "model": "smollm2-135m-instruct-hf", "file": "made:Q8_0"},
             "only for the cpu lane",
+        ),
+        (
+            {"name": "a", "lane": "gpu", "model": "smollm2-135m-instruct-hf", "file": "moe"},
+            "trials.yaml: trials[0]: file moe is the CPU lane's MoE (a GGUF file): only for the cpu lane",
         ),
         (
             {"name": "a", "lane": "cpu", "model": "no-such-model"},
@@ -154,8 +166,10 @@ def test_compare_table_and_chart(tmp_path: Path) -> None:
     )
     assert table[2] == (
         "| a | smollm2-135m-instruct-q4_1 | GGUF Q4_1 | cpu (llama_cpp) | 2/2 | 0.25 | 310.0 | 54.0 | 80.0 "
-        "| 0.80 | 60% | 400.0 | 0.80 |"
+        "| 0.80 | 60% | - | 400.0 | - | 0.80 |"  # recorded before parameters were
     )
+    moe = compare_row(record("m", params=MOE_PARAMS))
+    assert markdown_table([moe]).splitlines()[2].endswith("| 60% | 0.2/0.4 | 400.0 | 135.0 | 0.80 |")
     assert "FAILED: the embedded CPU lane server exited" in table[3]
     chart = write_chart(rows, tmp_path / "out" / "trials.png")
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -163,7 +177,11 @@ def test_compare_table_and_chart(tmp_path: Path) -> None:
         write_chart(rows[1:], tmp_path / "none.png")
     row = trial_row(record("a"))
     assert (row.generation_tok_s, row.pf, row.interference, row.error) == (54.0, 400.0, 0.8, None)
+    assert (row.moe, row.active_params_b, row.total_params_b, row.pf_total) == (None, None, None, None)
     assert trial_row(record("b", ok=False)).ttft_s is None
+    moe_row = trial_row(record("m", params=MOE_PARAMS))
+    assert (moe_row.moe, moe_row.active_params_b, moe_row.total_params_b) == (True, 0.2, 0.4)
+    assert (moe_row.pf, moe_row.pf_total) == (400.0, 135.0)  # 54 tok/s per 0.4 B in all
 
 
 def test_model_files_are_checked_by_path(tmp_path: Path) -> None:
@@ -265,3 +283,21 @@ def test_quant_labels(settings: Settings) -> None:
     assert trials_module.quant_label(spec(quant="IQ4_XS"), settings) == "IQ4_XS"
     lora = spec(lane="gpu", model="smollm2-135m-instruct-hf", gpu={"adapter": "random", "adapter_rank": 8})
     assert trials_module.quant_label(lora, settings) == "BF16 + LoRA r8"
+
+
+def test_a_trial_s_parameters_come_from_its_gguf_else_from_models_yaml(
+    settings: Settings, tmp_path: Path
+) -> None:
+    moe = tmp_path / "moe.gguf"
+    write_gguf(moe, experts=4, used=2)
+    spec = TrialSpec(name="t", lane="cpu", model="smollm2-135m-moe4-q4_0", file=str(moe))
+    params = trials_module.model_params(spec, settings, moe)
+    assert (params.moe, params.source) == (True, "gguf")
+    assert params.active_params_b < params.total_params_b < 1e-5  # the file's own tensors, not the registry's
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(16))
+    fallback = trials_module.model_params(spec.model_copy(update={"file": str(broken)}), settings, broken)
+    assert (fallback.active_params_b, fallback.total_params_b) == (0.214, 0.373)
+    assert fallback.source.startswith("models.yaml (") and "GGUF version 0" in fallback.source
+    gpu = TrialSpec(name="g", lane="gpu", model="smollm2-135m-instruct-hf")
+    assert trials_module.model_params(gpu, settings, tmp_path).source == "models.yaml"
