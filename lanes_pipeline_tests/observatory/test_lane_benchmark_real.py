@@ -37,7 +37,11 @@ def test_a_cpu_trial_measures_the_lane_and_leaves_no_server(settings: Settings) 
     assert 0 < f.p50_s <= f.p95_s
     # The prefix phase repeats the repo map: the server's own counter shows the second request reused it.
     assert f.prefix_hit is not None and 0.2 < f.prefix_hit <= 1.0
-    assert f.pf == pytest.approx(f.generation_tok_s / 0.135)
+    # PF divides by the parameters the served GGUF holds (SmolLM2-135M: 134.5 M), read from its header.
+    params = record.params
+    assert params is not None and params.source == "gguf" and not params.moe
+    assert params.active_params_b == pytest.approx(0.1345, abs=0.001) == params.total_params_b
+    assert f.pf == pytest.approx(f.generation_tok_s / params.active_params_b)
     assert record.interference is None  # no other lane asked for
     listening = [
         c for c in psutil.net_connections("inet") if c.laddr and c.laddr.port == port and c.status == "LISTEN"
