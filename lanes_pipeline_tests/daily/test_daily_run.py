@@ -77,10 +77,18 @@ def test_make_run_is_the_whole_day_and_a_rerun_asks_nothing(
     assert f"lanes-{DAY}" in _row(first.output, "lora_adapter")[-1], first.output
     assert _row(first.output, "adapter_evaluation")[-1] == "promote", first.output
     assert f"promoted yes, served yes ({ALIAS} -> lanes-{DAY})" in first.output, first.output
-    # The summary closes with the day's review branch and the command that shows it.
-    review = first.output[: first.output.index("  wall time")].rstrip().splitlines()[-1]
-    assert review.startswith(f"  The day's work is on the branch lanes/{DAY}; read it with: git -C "), review
-    assert "tests pass at 1 of 1 tips" in _row(first.output, "review_branch")[-1], first.output
+    # The summary closes with the day's review branch and the command that shows it. Whether the 135M model
+    # writes an accepted test on this day differs between machines (its sampled answers do), so the check
+    # is that the summary and review_branch agree; the branch itself is covered in test_review_branch*.
+    closing = first.output[: first.output.index("  wall time")].rstrip().splitlines()[-1]
+    review = _row(first.output, "review_branch")[-1]
+    accepted = re.search(r"tests accepted (\d+), diffs accepted (\d+)", first.output)
+    assert accepted is not None, first.output
+    if review.startswith("no review branch"):
+        assert accepted.groups() == ("0", "0") and "The day's work" not in closing, first.output
+    else:
+        assert closing.startswith(f"  The day's work is on the branch lanes/{DAY}; read it with: git -C ")
+        assert re.search(r"tests pass at (\d+) of \1 tips", review), first.output
     with VllmClient(gpu_server.url) as client:  # really served: the alias answers from the day's folder
         cards = {card.id: card for card in client.adapters()}
     assert cards[ALIAS].root is not None and cards[ALIAS].root.endswith(f"lanes-{DAY}")
