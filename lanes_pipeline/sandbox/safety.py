@@ -59,11 +59,27 @@ def secret_findings(text: str) -> list[str]:
 
     lines = list(enumerate(text.splitlines(), start=1))
     with default_settings():
-        found = {secret.type for secret in _process_line_based_plugins(lines, filename="record.py")}
+        found = {
+            secret.type
+            for secret in _process_line_based_plugins(lines, filename="record.py")
+            if not _is_number_literal(secret.type, secret.secret_value)
+        }
     # detect-secrets reads a PEM header only when the line is the whole key; catch split keys too.
     if re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", text):
         found.add("Private Key")
     return sorted(found)
+
+
+def _is_number_literal(kind: str, value: str | None) -> bool:
+    """A "hex" string that is a number: detect-secrets reads the digits and the `e` of "123e45678" (a
+    doctest of tabulate's `_isnumber`) as hex, and would drop every dataset row around that line."""
+    if kind != "Hex High Entropy String" or not value:
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 # detect-secrets' findings that only say "random-looking" or "a variable named like a password": in real code
