@@ -30,7 +30,6 @@ from lanes_pipeline.gpu_lane.adapters import (
     ADAPTER_WEIGHTS,
     AdapterRegistry,
     safetensors_header,
-    supported_target_modules,
 )
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
@@ -332,15 +331,7 @@ def run_all(settings: Settings, guard: Guard) -> dict[str, dict[str, Any]]:
         try:
             server.start()
             with VllmClient(server.url) as client:
-                service = AdapterService(
-                    client=client,
-                    registry=registry,
-                    base_model=lane.served_model_name,
-                    alias=lane.alias_name,
-                    max_loaded=lane.max_loaded_versions,
-                    max_lora_rank=lane.max_lora_rank,
-                    supported_modules=supported_target_modules(base),
-                )
+                service = AdapterService.for_lane(client, registry, lane, base)
                 service.promote(registry.get(names[0]), "fault drill: the alias before the kills")
                 spec = PromoteSpec(
                     url=server.url,

@@ -24,7 +24,7 @@ from lanes_pipeline.dataset.writer import save_rows
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import running_lanes
 from lanes_pipeline.errors import LaneError
-from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, supported_target_modules
+from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.gpu_lane.training.runner import run_training
@@ -219,15 +219,8 @@ def hot_swap(settings: Settings, work: Path, versions: list[Path]) -> dict[str, 
         running_lanes(settings, ("gpu",)) as endpoints,
         VllmClient(endpoints.url("gpu"), timeout_s=300) as client,
     ):
-        service = AdapterService(
-            client=client,
-            registry=registry,
-            base_model=lane.served_model_name,
-            alias="bench-current",
-            max_loaded=lane.max_loaded_versions,
-            max_lora_rank=lane.max_lora_rank,
-            supported_modules=supported_target_modules(Path(engines.embedded_hf_model(settings.data_dir))),
-        )
+        base = Path(engines.embedded_hf_model(settings.data_dir))
+        service = AdapterService.for_lane(client, registry, lane, base, alias="bench-current")
         service.promote(registry.get(versions[0].name), reason="bench warm-up")
         idle = []  # nobody else asking: the latency of the move itself
         for move in range(IDLE_MOVES):

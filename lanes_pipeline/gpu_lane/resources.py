@@ -13,7 +13,7 @@ from dagster import ConfigurableResource, InitResourceContext
 from lanes_pipeline.daily.resources import LoraTrainingResource
 from lanes_pipeline.embedded.lane_resource import LaneEndpoint
 from lanes_pipeline.embedded.servers import LaneName, running_embedded_url
-from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, supported_target_modules
+from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.metrics.bandwidth import QuietWait, cpu_active_requests, metrics_client, wait_until_quiet
@@ -113,13 +113,6 @@ def service_for(
     client: VllmClient,
 ) -> AdapterService:
     """The adapter service on `client`, configured from the three resources (assets, jobs, sensor, CLI)."""
-    return AdapterService(
-        client=client,
-        registry=registry.registry(),
-        base_model=gpu_lane.config.served_model_name,
-        alias=gpu_lane.alias_name,
-        max_loaded=gpu_lane.config.max_loaded_versions,
-        max_lora_rank=gpu_lane.config.max_lora_rank,
-        supported_modules=supported_target_modules(training.base_model_path()),
-        path_map=gpu_lane.config.adapter_paths,
+    return AdapterService.for_lane(
+        client, registry.registry(), gpu_lane.config, training.base_model_path(), gpu_lane.alias_name
     )

@@ -19,12 +19,13 @@ from lanes_pipeline.gpu_lane.adapters import (
     check_adapter_dir,
     missing_on_vllm_side,
     rollback_target,
+    supported_target_modules,
     versions_to_unload,
     vllm_path,
 )
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.http import ChatMessage, ChatRequest, ModelCard
-from lanes_pipeline.settings import AdapterPathMap
+from lanes_pipeline.settings import AdapterPathMap, GpuLane
 
 SMOKE_PROMPT = "Say hello."
 
@@ -58,6 +59,28 @@ class AdapterService:
     max_lora_rank: int
     supported_modules: set[str]
     path_map: AdapterPathMap | None = None  # vLLM on another machine: gpu_lane.adapter_paths
+
+    @classmethod
+    def for_lane(
+        cls,
+        client: VllmClient,
+        registry: AdapterRegistry,
+        lane: GpuLane,
+        base_model_dir: Path,
+        alias: str | None = None,
+    ) -> AdapterService:
+        """The service as `lane` configures it; `base_model_dir` (the base model's Hugging Face folder) says
+        which modules an adapter may target; `alias` replaces the lane's (a benchmark's own)."""
+        return cls(
+            client=client,
+            registry=registry,
+            base_model=lane.served_model_name,
+            alias=alias or lane.alias_name,
+            max_loaded=lane.max_loaded_versions,
+            max_lora_rank=lane.max_lora_rank,
+            supported_modules=supported_target_modules(base_model_dir),
+            path_map=lane.adapter_paths,
+        )
 
     # -- reading the server ------------------------------------------------------------------------------
 

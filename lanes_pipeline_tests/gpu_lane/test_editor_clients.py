@@ -24,7 +24,7 @@ import pytest
 
 from lanes_pipeline.embedded import engines
 from lanes_pipeline.embedded.servers import EmbeddedServer
-from lanes_pipeline.gpu_lane.adapters import AdapterRegistry, supported_target_modules
+from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
 from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.serving import AdapterService
 from lanes_pipeline.settings import Settings
@@ -59,15 +59,7 @@ def served(
     registry = AdapterRegistry(root / "registry.sqlite")
     version = registry.add(folder.name, DAY, folder, folder.name, {})
     with VllmClient(gpu_server.url, timeout_s=300) as client:
-        service = AdapterService(
-            client=client,
-            registry=registry,
-            base_model=lane.served_model_name,
-            alias=lane.alias_name,
-            max_loaded=lane.max_loaded_versions,
-            max_lora_rank=lane.max_lora_rank,
-            supported_modules=supported_target_modules(base_dir),
-        )
+        service = AdapterService.for_lane(client, registry, lane, base_dir)
         service.promote(version, reason="editor clients test")
         try:
             yield Served(gpu_server.url, lane.alias_name, lane.served_model_name)
