@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -62,6 +62,12 @@ def is_route_missing(response: httpx.Response) -> bool:
     except (json.JSONDecodeError, ValueError):
         return False
     return response.status_code == 404 and isinstance(body, dict) and body.get("detail") == "Not Found"
+
+
+def _timed(call: Callable[..., object], *args: object) -> float:
+    """Run `call`; when it returned (time.monotonic)."""
+    call(*args)
+    return time.monotonic()
 
 
 class SleepState(BaseModel):
@@ -142,17 +148,18 @@ class VllmClient(OpenAIClient):
         raise AdapterError(f"{where}: HTTP {status}: {message}", status, message)
 
     def move_alias(self, alias: str, path: str) -> None:
-        """Point `alias` at the adapter in `path`, with no moment in which a new request misses the alias.
+        """Point `alias` at the adapter in `path`; a request that names the alias meanwhile is answered.
 
         Never changed weights under the same name and path (stale prefix cache, #42125): every version has
         its own folder. vLLM holds a per-name lock while it loads an adapter, and a request naming an unknown
         adapter waits on that lock before it answers 404. So three requests are sent, each while the one
         before is still in flight: an in-place load from `path` (the alias answers from the new weights as
         soon as it is done, and it holds the lock while the engine loads them), an unload, and a normal load
-        from `path`. The unload and the load queue behind the in-place load; a request that finds the alias
-        gone between them waits behind the load and is answered by it. The normal load is what stays: an
-        in-place adapter would be re-read from disk on every step (#33791). If the load overtakes the unload
-        it is refused as "already loaded" and sent again, which is never worse than one after the other.
+        from `path`. The unload and the load queue behind the in-place load, and a request that finds the
+        alias gone between them waits behind the load. The normal load is what stays: an in-place adapter
+        is re-read from disk on every step (#33791), so where the in-place load reached vLLM last, the alias
+        is loaded normally once more. What vLLM does not lock: a request already past its model check when
+        the alias is unloaded looks the alias up again after preparing its prompt, and can miss it.
         """
         current = self._served_from(alias)
         if current is None:
@@ -161,34 +168,41 @@ class VllmClient(OpenAIClient):
         if current == path:
             return
         with ThreadPoolExecutor(max_workers=2) as pool:
-            swapping = pool.submit(self.load_adapter, alias, path, True)
+            swapping = pool.submit(_timed, self.load_adapter, alias, path, True)
             time.sleep(ALIAS_LOAD_DELAY_S)  # the in-place load first at the server, most of the time
-            unloading = pool.submit(self._unload_if_loaded, alias)
-            time.sleep(ALIAS_LOAD_DELAY_S)  # then the unload
-            while True:
-                # Read before the load is sent: a refusal after the unload has answered means somebody
-                # loaded the alias again; one before it only means the load overtook the unload.
-                unloaded = unloading.done()
-                try:
-                    self.load_adapter(alias, path)
-                    break
-                except AdapterAlreadyLoadedError:
-                    if unloaded:
-                        unloading.result()  # raises if the unload failed
-                        wait([swapping])  # overtaken by the unload, the in-place load may have loaded it
-                        if self._served_from(alias) == path:
-                            break
-                        raise AdapterError(
-                            f"GPU lane at {self.base_url}: moving alias {alias!r} to {path} failed: it was "
-                            "loaded again right after it was unloaded (does another client load it?)"
-                        ) from None
-                # The loop ends: the unload answers or fails within the client's timeout, and then the
-                # next refusal raises.
-                wait([unloading], timeout=ALIAS_LOAD_RETRY_S)
-            unloading.result()
-            # The in-place load only narrows the gap: where it failed, the unload and the load still moved
-            # the alias (the caller checks where it is served from).
+            loaded_at = self._unload_then_load(alias, path, pool)
             wait([swapping])
+        # A failed in-place load only lost the lock it would have held: the unload and the load moved it.
+        swapped_at = None if swapping.exception() else swapping.result()
+        if loaded_at is None or (swapped_at is not None and swapped_at > loaded_at):
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                self._unload_then_load(alias, path, pool)
+
+    def _unload_then_load(self, alias: str, path: str, pool: ThreadPoolExecutor) -> float | None:
+        """Unload `alias` and load it from `path`, the load sent while the unload is in flight. Returns when
+        the load answered (time.monotonic), or None where it was refused because the in-place load had
+        loaded the alias from `path` after the unload."""
+        unloading = pool.submit(self._unload_if_loaded, alias)
+        time.sleep(ALIAS_LOAD_DELAY_S)  # the unload first at the server, most of the time
+        while True:
+            # Read before the load is sent: a refusal after the unload has answered means somebody loaded
+            # the alias again; one before it only means the load overtook the unload.
+            unloaded = unloading.done()
+            try:
+                self.load_adapter(alias, path)
+                return time.monotonic()
+            except AdapterAlreadyLoadedError:
+                if unloaded:
+                    unloading.result()  # raises if the unload failed
+                    if self._served_from(alias) == path:
+                        return None
+                    raise AdapterError(
+                        f"GPU lane at {self.base_url}: moving alias {alias!r} to {path} failed: it was "
+                        "loaded again right after it was unloaded (does another client load it?)"
+                    ) from None
+            # The loop ends: the unload answers or fails within the client's timeout, and then the next
+            # refusal raises.
+            wait([unloading], timeout=ALIAS_LOAD_RETRY_S)
 
     def _served_from(self, name: str) -> str | None:
         card = {card.id: card for card in self.adapters()}.get(name)

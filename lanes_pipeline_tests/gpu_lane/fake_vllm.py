@@ -13,11 +13,13 @@ BASE = "base-model"
 
 
 class FakeVllm:
-    """The transport's handler: `loaded` is what it serves, `load_requests` what it was asked to load."""
+    """The transport's handler: `loaded` is what it serves, `load_requests` what it was asked to load,
+    `in_place` the names whose last load was in place (vLLM re-reads those from disk on every step)."""
 
     def __init__(self) -> None:
         self.loaded: dict[str, str] = {}
         self.load_requests: list[dict[str, str]] = []
+        self.in_place: set[str] = set()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -34,8 +36,10 @@ class FakeVllm:
             if not Path(where).is_dir():
                 return _error(404, f"Loading lora {name} failed: No adapter found for {where}")
             self.loaded[name] = where
+            (self.in_place.add if body.get("load_inplace") else self.in_place.discard)(name)
             return httpx.Response(200, text=f"Success: LoRA adapter '{name}' added successfully.")
         if path == "/v1/unload_lora_adapter":
+            self.in_place.discard(body["lora_name"])
             if self.loaded.pop(body["lora_name"], None) is None:
                 return _error(404, f"The lora adapter '{body['lora_name']}' cannot be found.")
             return httpx.Response(200, text="Success: LoRA adapter removed successfully.")

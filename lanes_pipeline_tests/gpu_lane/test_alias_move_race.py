@@ -65,6 +65,7 @@ def test_a_slow_unload_is_waited_for_and_the_alias_ends_on_the_new_folder(folder
     inplace, *loads = fake.load_requests
     assert inplace == {"lora_name": ALIAS, "lora_path": new, "load_inplace": True}
     assert len(loads) > 50 and all(r == {"lora_name": ALIAS, "lora_path": new} for r in loads)
+    assert fake.in_place == set()
 
 
 def test_an_unload_that_overtakes_the_in_place_load_still_moves_the_alias(folders: tuple[str, str]) -> None:
@@ -84,14 +85,38 @@ def test_an_unload_that_overtakes_the_in_place_load_still_moves_the_alias(folder
                 swapped.set()
                 return response
             response = super().__call__(request)
-            unloaded.set()
+            if request.url.path == "/v1/unload_lora_adapter":
+                unloaded.set()
             return response
 
     fake = ReorderingVllm(unload_s=0.0)
     _client(fake, old).move_alias(ALIAS, new)
-    assert fake.loaded == {ALIAS: new}
-    inplace, *refused = [r.get("load_inplace", False) for r in fake.load_requests]
-    assert inplace and refused and not any(refused)  # refused, and no error: the alias is where it should be
+    # Refused as "already loaded", no error raised, and loaded once more normally: not re-read every step.
+    assert fake.loaded == {ALIAS: new} and fake.in_place == set()
+    inplace, *normal = [r.get("load_inplace", False) for r in fake.load_requests]
+    assert inplace and len(normal) >= 2 and not any(normal)
+
+
+def test_an_in_place_load_that_reaches_vllm_last_is_loaded_again_normally(folders: tuple[str, str]) -> None:
+    old, new = folders
+    loaded = threading.Event()
+
+    class LateInPlaceVllm(SlowUnloadVllm):
+        """Delivers the in-place load only after the normal load answered."""
+
+        def __call__(self, request: httpx.Request) -> httpx.Response:
+            if b"load_inplace" in request.content:
+                assert loaded.wait(timeout=5)
+                return super().__call__(request)
+            response = super().__call__(request)
+            if request.url.path == "/v1/load_lora_adapter" and response.status_code == 200:
+                loaded.set()
+            return response
+
+    fake = LateInPlaceVllm(unload_s=0.0)
+    _client(fake, old).move_alias(ALIAS, new)
+    assert fake.loaded == {ALIAS: new} and fake.in_place == set()
+    assert [r.get("load_inplace", False) for r in fake.load_requests][-1] is False
 
 
 def test_a_load_by_another_client_right_after_the_unload_is_named(folders: tuple[str, str]) -> None:
