@@ -209,8 +209,10 @@ def processes_markdown(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def hot_swap(settings: Settings, work: Path, versions: list[Path]) -> dict[str, Any]:
-    """Alias moves between trained adapters while editors keep asking the alias."""
+def hot_swap(
+    settings: Settings, work: Path, versions: list[Path], moves: int = ALIAS_MOVES
+) -> dict[str, Any]:
+    """Alias moves between the adapters in `versions` while editors keep asking the alias."""
     lane = settings.lanes.gpu_lane
     registry = AdapterRegistry(work / "adapters" / "registry.sqlite")
     for i, path in enumerate(versions):
@@ -251,7 +253,7 @@ def hot_swap(settings: Settings, work: Path, versions: list[Path]) -> dict[str, 
             thread.start()
         latencies = []
         try:
-            for move in range(ALIAS_MOVES):
+            for move in range(moves):
                 version = registry.get(versions[(move + 1) % len(versions)].name)
                 started = time.perf_counter()  # the folder is ready: from here to its first completion
                 service.promote(version, reason="bench")
@@ -267,7 +269,7 @@ def hot_swap(settings: Settings, work: Path, versions: list[Path]) -> dict[str, 
         "idle_moves": IDLE_MOVES,
         "hot_swap_idle_s_median": round(statistics.median(idle), 3),
         "hot_swap_idle_s_max": round(max(idle), 3),
-        "alias_moves": ALIAS_MOVES,
+        "alias_moves": moves,
         "hot_swap_s_median": round(statistics.median(latencies), 3),
         "hot_swap_s_max": round(max(latencies), 3),
         "concurrent_editors": EDITORS,
