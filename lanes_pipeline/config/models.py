@@ -163,6 +163,12 @@ class EmbeddedGpuServer(StrictModel):
         description="vLLM --dtype; native: bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), "
         "else float32 (the CPU build emulates bfloat16 on AVX2, measured 1.5-3 times slower)",
     )
+    reserved_cpus: int | None = Field(
+        None,
+        ge=0,
+        description="CPUs the CPU build keeps from its model threads for its engine loop "
+        "(VLLM_CPU_NUM_OF_RESERVED_CPU); unset: none on a machine of 2 CPUs, else vLLM's own choice",
+    )
 
 
 class AdapterPathMap(StrictModel):
