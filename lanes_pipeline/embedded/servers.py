@@ -189,8 +189,9 @@ def embedded_dtype(flags: frozenset[str]) -> str:
 
 def vllm_reserved_cpus(configured: int | None, cpus: int) -> int | None:
     """VLLM_CPU_NUM_OF_RESERVED_CPU for the embedded vLLM (None: leave it to vLLM). vLLM keeps one CPU for
-    its engine loop; on 2 CPUs that halves the model's threads: 24 answers of 128 tokens ran at 63-74
-    tokens/s with it and 123-130 without (`gpu_lane.embedded.reserved_cpus`)."""
+    its engine loop; on 2 CPUs that halves the model's threads: 24 answers of 128 tokens ran at 63-80
+    tokens/s with it and 108-130 without (two A B A B runs of tools/vllm_reserved_cpus.py). The setting:
+    `gpu_lane.embedded.reserved_cpus`."""
     if configured is not None:
         return configured
     return 0 if cpus <= 2 else None
