@@ -36,7 +36,8 @@ def run(settings: Settings) -> dict[str, Any]:
 def _markdown(f: dict[str, Any]) -> str:
     lines = [
         f"The alias moved {f['alias_moves']} times among {VERSIONS} adapters while {EDITORS} editors kept "
-        f"asking it: **{f['failed_interactive_requests']} of {f['interactive_requests']} requests refused**. "
+        f"asking it: **{f['failed_interactive_requests']} of {f['interactive_requests']} requests refused** "
+        f"at the first try, {f['failed_after_one_retry']} when asked once more. "
         f"A move (load, check, alias, check): median {f['hot_swap_s_median']} s, max {f['hot_swap_s_max']} s "
         f"under load; {f['hot_swap_idle_s_median']} s idle ({f['idle_moves']} moves).",
     ]

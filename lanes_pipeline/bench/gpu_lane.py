@@ -230,7 +230,8 @@ def hot_swap(
             started = time.perf_counter()
             service.promote(version, reason="bench idle")
             idle.append(time.perf_counter() - started)
-        failures: list[str] = []
+        failures: list[str] = []  # refused at the first try
+        unanswered: list[str] = []  # refused again when asked once more
         answered = [0]
         stop = threading.Event()
 
@@ -247,6 +248,10 @@ def hot_swap(
                         answered[0] += 1
                     except LaneError as exc:
                         failures.append(str(exc)[:200])
+                        try:  # as an editor would: ask once more
+                            own.chat(request)
+                        except LaneError as again:
+                            unanswered.append(str(again)[:200])
 
         threads = [threading.Thread(target=editor) for _ in range(EDITORS)]
         for thread in threads:
@@ -275,6 +280,7 @@ def hot_swap(
         "concurrent_editors": EDITORS,
         "interactive_requests": answered[0] + len(failures),
         "failed_interactive_requests": len(failures),
+        "failed_after_one_retry": len(unanswered),
         "failures": failures[:5],
     }
 
