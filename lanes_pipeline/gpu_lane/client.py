@@ -148,7 +148,7 @@ class VllmClient(OpenAIClient):
         raise AdapterError(f"{where}: HTTP {status}: {message}", status, message)
 
     def move_alias(self, alias: str, path: str) -> None:
-        """Point `alias` at the adapter in `path`; a request that names the alias meanwhile is answered.
+        """Point `alias` at the adapter in `path` while editors keep asking it.
 
         Never changed weights under the same name and path (stale prefix cache, #42125): every version has
         its own folder. vLLM holds a per-name lock while it loads an adapter, and a request naming an unknown

@@ -113,6 +113,4 @@ def service_for(
     client: VllmClient,
 ) -> AdapterService:
     """The adapter service on `client`, configured from the three resources (assets, jobs, sensor, CLI)."""
-    return AdapterService.for_lane(
-        client, registry.registry(), gpu_lane.config, training.base_model_path(), gpu_lane.alias_name
-    )
+    return AdapterService.for_lane(client, registry.registry(), gpu_lane.config, training.base_model_path())
