@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from lanes_pipeline.embedded.ik_patches import IK_PATCHES, SourcePatch, apply_source_patches
+from lanes_pipeline.embedded.ik_patches import IK_PATCHES
+from lanes_pipeline.embedded.source_patches import SourcePatch, apply_source_patches
+from lanes_pipeline.embedded.vllm_patches import VLLM_PATCHES
 from lanes_pipeline.errors import EmbeddedStartError, log_tail
 from lanes_pipeline.settings import CpuEngineName
 
@@ -52,6 +54,7 @@ class Engine:
     name: str
     steps: tuple[tuple[str, ...], ...]  # each the arguments of the venv's python, run in order
     env: dict[str, str] = field(default_factory=dict)
+    patches: tuple[SourcePatch, ...] = ()  # applied to the venv's site-packages after the steps
 
     def venv_dir(self, data_dir: Path) -> Path:
         return engines_dir() / self.name
@@ -60,7 +63,10 @@ class Engine:
         return self.venv_dir(data_dir) / "bin" / "python"
 
     def stamp(self) -> str:
-        return json.dumps({"steps": self.steps, "env": self.env}, sort_keys=True)
+        spec: dict[str, object] = {"steps": self.steps, "env": self.env}
+        if self.patches:  # an engine without patches keeps the stamp it was installed under
+            spec["patches"] = [[p.path, p.old, p.new] for p in self.patches]
+        return json.dumps(spec, sort_keys=True)
 
 
 def engines_dir() -> Path:
@@ -99,6 +105,7 @@ VLLM_ENGINE = Engine(
         # ("operator torchvision::nms does not exist"); a text model needs none of them.
         ("-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"),
     ),
+    patches=VLLM_PATCHES,
 )
 
 
@@ -145,6 +152,7 @@ def ensure_engine(engine: Engine, data_dir: Path, echo: bool = True) -> Path:
                         log_path=log_path,
                         tail=log_tail(log_path),
                     )
+        apply_source_patches(_site_packages(venv_dir), engine.patches, log_path)
         stamp_file.write_text(engine.stamp())
     return venv_dir
 

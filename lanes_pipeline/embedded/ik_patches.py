@@ -4,24 +4,7 @@ looked at, not built without them). Build your own ik with the same fixes (docs/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
-from lanes_pipeline.errors import EmbeddedStartError
-
-
-@dataclass(frozen=True)
-class SourcePatch:
-    """One exact replacement in ik's tree before it is built, with the reason. A patch whose text is not
-    found as often as expected (another sdist version) stops the build and names the file, rather than
-    build without it."""
-
-    path: str  # relative to ik's tree
-    old: str
-    new: str
-    why: str
-    occurrences: int = 1  # every one is replaced
-
+from lanes_pipeline.embedded.source_patches import SourcePatch
 
 # ik's llama_kv_cache_seq_pos_min returned the position of the first cell (in cache order) of a sequence,
 # not the smallest position. With two slots sharing the KV cache, slot 1's cells interleave with slot 0's,
@@ -132,20 +115,3 @@ IK_PATCHES = (
         )
     ),
 )
-
-
-def apply_source_patches(tree: Path, patches: tuple[SourcePatch, ...], log_path: Path) -> None:
-    """Apply each patch once (a resumed build finds it applied already)."""
-    for patch in patches:
-        path = tree / patch.path
-        text = path.read_text(encoding="utf-8")
-        if patch.new in text:
-            continue
-        if text.count(patch.old) != patch.occurrences:
-            raise EmbeddedStartError(
-                f"cannot apply the patch to {path} ({patch.why}): its text occurs "
-                f"{text.count(patch.old)} times, expected {patch.occurrences}",
-                log_path,
-                "",
-            )
-        path.write_text(text.replace(patch.old, patch.new), encoding="utf-8")

