@@ -78,6 +78,9 @@ SECOND_EXCLUDE = ["test/**", "setup.py", "benchmark.py"]
 # depend on it (its tasks are the repositories' held-out functions); training rows do: the variant
 # `shipped_budget` runs the shipped values.
 CPU_BUDGET: dict[str, Any] = {"pipeline": {"cpu_assets": {"backlog_per_day": 6, "samples_per_item": 2}}}
+# The judge in this benchmark: 160 anchor tasks and all 164 HumanEval problems, where the shipped
+# training.yaml sizes a day for `make run` on two cores (24 of each).
+FULL_JUDGE: dict[str, Any] = {"training": {"evaluation": {"anchor_tasks": 160, "humaneval_problems": None}}}
 # Issue 28's levers, each taken away alone on the default run's CPU-lane work (run_levers).
 LEVERS: dict[str, dict[str, Any]] = {
     "no_verified_bodies": {"pipeline": {"cpu_assets": {"body_samples": 0}}},
@@ -115,8 +118,9 @@ def variant_configs(config_dir: Path, changes: dict[str, Any], target: Path) -> 
 
 
 def budget_configs(config_dir: Path, target: Path, variant: dict[str, Any] | None = None) -> Path:
-    """A copy of the config folder with CPU_BUDGET, then the variant's lever, set."""
+    """A copy of the config folder with CPU_BUDGET and FULL_JUDGE, then the variant's lever, set."""
     variant_configs(config_dir, CPU_BUDGET, target)
+    edit_config_file(target / "training.yaml", FULL_JUDGE["training"])
     for part, change in (variant or {}).items():
         edit_config_file(target / f"{part}.yaml", change)
     return target

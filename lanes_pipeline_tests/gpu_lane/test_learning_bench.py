@@ -94,9 +94,16 @@ def test_a_variant_changes_one_lever_in_a_copy_of_the_configs(tmp_path: Path) ->
     assert load_settings(default_config_dir()).training.lora.r == 8  # the shipped configs are untouched
 
 
-def test_the_run_takes_the_cpu_budget_and_a_variant_sets_its_lever_over_it(tmp_path: Path) -> None:
+def test_the_run_takes_the_cpu_budget_and_the_full_judge_and_a_variant_sets_its_lever_over_it(
+    tmp_path: Path,
+) -> None:
     budget = CPU_BUDGET["pipeline"]["cpu_assets"]
-    cpu = load_settings(budget_configs(default_config_dir(), tmp_path / "run")).pipeline.cpu_assets
+    run = load_settings(budget_configs(default_config_dir(), tmp_path / "run"))
+    cpu = run.pipeline.cpu_assets
+    # the task sets: at least 150 anchor tasks and every HumanEval problem, where make run asks fewer
+    judge, shipped_judge = run.training.evaluation, load_settings(default_config_dir()).training.evaluation
+    assert (judge.anchor_tasks, judge.humaneval_problems) == (160, None)
+    assert shipped_judge.anchor_tasks == 24 and shipped_judge.humaneval_problems == 24
     assert (cpu.backlog_per_day, cpu.samples_per_item) == (
         budget["backlog_per_day"],
         budget["samples_per_item"],
