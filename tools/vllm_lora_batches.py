@@ -1,6 +1,6 @@
 """Generation throughput of the embedded vLLM when the base and an adapter are asked apart or side by side
-(one batch holding both), in one run (A B C A B C): the figures behind how adapter_evaluation orders its
-requests. A batch with any adapter request runs vLLM-CPU's LoRA ops for every token in it.
+(one batch holding both), in one run (A B C A B C): the figures behind embedded/vllm_patches.py. A batch
+with any adapter request runs vLLM-CPU's LoRA ops for every token in it.
 
     .venv/bin/python tools/vllm_lora_batches.py ADAPTER_DIR [ROUNDS]
 """
@@ -14,27 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from vllm_reserved_cpus import answer  # tools/ is on the path: 128 tokens, greedy, ignore_eos
 
 from lanes_pipeline.embedded.servers import build_server
 from lanes_pipeline.settings import load_settings
 
-REQUESTS, MAX_TOKENS = 24, 128
+REQUESTS = 24
 CONTEXT = "\n".join(
     f"def helper_{i}(items: list[int]) -> int:\n    return sum(items) * {i}\n" for i in range(40)
 )
-
-
-def answer(url: str, model: str, prompt: str) -> int:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,  # every answer is MAX_TOKENS long: the same work in every variant
-    }
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900)
-    response.raise_for_status()
-    return int(response.json()["usage"]["completion_tokens"])
 
 
 def run(url: str, models: list[str]) -> dict[str, float]:
