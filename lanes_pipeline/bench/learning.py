@@ -119,8 +119,7 @@ def variant_configs(config_dir: Path, changes: dict[str, Any], target: Path) -> 
 
 def budget_configs(config_dir: Path, target: Path, variant: dict[str, Any] | None = None) -> Path:
     """A copy of the config folder with CPU_BUDGET and FULL_JUDGE, then the variant's lever, set."""
-    variant_configs(config_dir, CPU_BUDGET, target)
-    edit_config_file(target / "training.yaml", FULL_JUDGE["training"])
+    variant_configs(config_dir, CPU_BUDGET | FULL_JUDGE, target)  # pipeline.yaml and training.yaml
     for part, change in (variant or {}).items():
         edit_config_file(target / f"{part}.yaml", change)
     return target

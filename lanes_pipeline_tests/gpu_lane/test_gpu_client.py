@@ -69,8 +69,10 @@ def client(gpu_server: EmbeddedServer) -> Iterator[VllmClient]:
             vllm.unload_adapter(card.id)
 
 
-def answer(client: VllmClient, model: str) -> str:
-    request = ChatRequest(model=model, messages=[ChatMessage(role="user", content=PROMPT)], max_tokens=12)
+def answer(client: VllmClient, model: str, prompt: str = PROMPT, max_tokens: int = 12) -> str:
+    request = ChatRequest(
+        model=model, messages=[ChatMessage(role="user", content=prompt)], max_tokens=max_tokens
+    )
     return client.chat(request).text
 
 
@@ -97,20 +99,14 @@ def test_the_base_answers_as_itself_beside_adapters_in_one_batch(
     base_name = settings.lanes.gpu_lane.served_model_name
     prompts = [f"Name a {thing}." for thing in ("color", "fruit", "planet")]
 
-    def ask(model: str, prompt: str, tokens: int) -> str:
-        request = ChatRequest(
-            model=model, messages=[ChatMessage(role="user", content=prompt)], max_tokens=tokens
-        )
-        return client.chat(request).text
-
-    alone = [ask(base_name, prompt, 8) for prompt in prompts]
+    alone = [answer(client, base_name, prompt, 8) for prompt in prompts]
     names = [f"t-slot{i}" for i in range(settings.lanes.gpu_lane.max_loras)]
     for name, folder in zip(names, (adapters.v1, adapters.v2, adapters.v3), strict=False):
         client.load_adapter(name, str(folder))
     with ThreadPoolExecutor(len(names) + len(prompts)) as pool:
         # the adapters answer longer, so every base prompt is read and answered while they decode
-        busy = [pool.submit(ask, name, prompts[0], 48) for name in names]
-        beside = [pool.submit(ask, base_name, prompt, 8) for prompt in prompts]
+        busy = [pool.submit(answer, client, name, prompts[0], 48) for name in names]
+        beside = [pool.submit(answer, client, base_name, prompt, 8) for prompt in prompts]
         assert [f.result() for f in beside] == alone
         assert all(f.result() for f in busy)
 
