@@ -21,14 +21,22 @@ from typing import cast, get_args
 import pytest
 
 from lanes_pipeline.embedded import engines
-from lanes_pipeline.embedded.servers import EmbeddedServer, LaneName, build_server
+from lanes_pipeline.embedded.servers import EmbeddedServer, LaneName, build_lane_server, build_server
 from lanes_pipeline.settings import CpuEngineName, Settings, load_settings
 from lanes_pipeline_tests import server_worker
 
 # The fixtures that give a test a real lane's server (directly or through the fixtures that use them).
 LANE_FIXTURES: dict[LaneName, frozenset[str]] = {
     "cpu": frozenset(
-        {"cpu_server", "cpu_server_ik", "cpu_server_upstream", "cpu_server_each_engine", "cpu_engine"}
+        {
+            "cpu_server",
+            "cpu_server_ik",
+            "cpu_server_upstream",
+            "cpu_server_ik_moe",
+            "cpu_server_upstream_moe",
+            "cpu_server_each_engine",
+            "cpu_engine",
+        }
     ),
     "gpu": frozenset({"gpu_server", "gpu_engine"}),
 }
@@ -107,8 +115,9 @@ def settings() -> Settings:
     """The shipped configs: every CPU-lane test runs on ik_llama.cpp's llama-server, the shipped default
     (LANES_TEST_CPU_ENGINE=llama_cpp runs them all on upstream's instead). The compatibility subset that keeps
     upstream working runs on it whatever the session engine: `cpu_server_each_engine` (test_cpu_engines.py:
-    client, a re-run sends nothing, analyses parse) and `cpu_server_upstream` (one day of the CPU-lane
-    assets), plus the loading-server fault tests, parametrized over both engines."""
+    client, a re-run sends nothing, analyses parse; on both engines with the session's model and with the
+    upcycled MoE) and `cpu_server_upstream` (one day of the CPU-lane assets), plus the loading-server fault
+    tests, parametrized over both engines."""
     engine = os.environ.get("LANES_TEST_CPU_ENGINE", "ik_llama")
     if engine not in get_args(CpuEngineName):
         expected = ", ".join(get_args(CpuEngineName))
@@ -175,15 +184,44 @@ def cpu_server_upstream(settings: Settings, request: pytest.FixtureRequest) -> I
     yield from _engine_server(settings, "llama_cpp", request)
 
 
-CPU_ENGINE_FIXTURES: dict[CpuEngineName, str] = {
+def _moe_server(settings: Settings, engine: CpuEngineName) -> Iterator[EmbeddedServer]:
+    """A server of `engine` on the upcycled MoE (`cpu_lane.embedded.model: moe`), whatever the session's
+    model."""
+    lane = settings_with_cpu_engine(settings, engine).lanes.cpu_lane
+    moe = lane.model_copy(update={"embedded": lane.embedded.model_copy(update={"model": "moe"})})
+    server = build_lane_server(moe, settings.data_dir, port=0, publish=False)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def cpu_server_ik_moe(settings: Settings) -> Iterator[EmbeddedServer]:
+    """ik_llama.cpp's llama-server on the upcycled MoE: the compatibility subset runs on ik's MoE path too."""
+    yield from _moe_server(settings, "ik_llama")
+
+
+@pytest.fixture(scope="session")
+def cpu_server_upstream_moe(settings: Settings) -> Iterator[EmbeddedServer]:
+    """Upstream's llama-server on the upcycled MoE."""
+    yield from _moe_server(settings, "llama_cpp")
+
+
+# The compatibility subset's servers: each engine on the session's model, then each on the MoE (the lane the
+# project exists for is a MoE on ik; the shipped default stays the dense model, which the suite runs faster).
+CPU_ENGINE_FIXTURES: dict[str, str] = {
     "ik_llama": "cpu_server_ik",
     "llama_cpp": "cpu_server_upstream",
+    "ik_llama-moe": "cpu_server_ik_moe",
+    "llama_cpp-moe": "cpu_server_upstream_moe",
 }
 
 
-@pytest.fixture(scope="session", params=get_args(CpuEngineName))
+@pytest.fixture(scope="session", params=list(CPU_ENGINE_FIXTURES))
 def cpu_server_each_engine(request: pytest.FixtureRequest) -> EmbeddedServer:
-    """The compatibility subset runs once per engine: ik_llama.cpp's server, then upstream's."""
+    """The compatibility subset runs once per engine (ik_llama.cpp's server, then upstream's) and model (the
+    session's, then the upcycled MoE)."""
     server: EmbeddedServer = request.getfixturevalue(CPU_ENGINE_FIXTURES[request.param])
     return server
 
