@@ -271,6 +271,32 @@ def summarize(
     }
 
 
+def summary_markdown(out: dict[str, Any], days_in_sample: int) -> str:
+    """The lines above the learning table: the task sets' sizes (each figure's n), the days run, and each
+    day's paired decision with its counts, so the table's percentages are read with their sample sizes.
+    Pure."""
+    tasks = out.get("tasks", {})
+    sizes = ", ".join(f"{name} {count}" for name, count in tasks.items())
+    lines = [
+        f"Days run: {len(out.get('days', []))} of the sample's {days_in_sample}; promotions "
+        f"{out.get('promotions', 0)}, rejections {out.get('rejections', 0)}; the alias serves "
+        f"{out.get('served_version', 'base')}.",
+        f"Task sets of the last judged day (n): {sizes}.",
+    ]
+    for day in out.get("days", []):
+        if day.get("p_value") is None:
+            lines.append(f"- {day['day']}: {day['decision']}")
+            continue
+        low, high = day["interval"]
+        lines.append(
+            f"- {day['day']}: {day['decision']}; {day['primary_figure']} against {day['against']} on "
+            f"{day['n']} paired tasks: {day['wins']} won, {day['losses']} lost, {day['ties']} tied, "
+            f"difference {day['difference']:+.4f} (95% interval {low:+.4f} to {high:+.4f}), one-sided "
+            f"p = {day['p_value']:.3f}"
+        )
+    return "\n".join(lines) + "\n\n"
+
+
 def _kept_answers(store: ArtifactStore, points: Sequence[LearningPoint], target: Path) -> list[str]:
     """Every judged day's answers.json copied out of the temporary data folder, so a loss can be explained
     after the run (`lanes report --day D` reads the same record)."""
@@ -385,7 +411,8 @@ def run_once(settings: Settings, levers: Sequence[str] = ()) -> dict[str, Any]:
             # the registry and the answers live in the temporary folder: everything is read before it goes
             out = summarize(points, registry, humaneval, decisions)
             out["answers"] = _kept_answers(store, points, settings.data_dir / "bench" / "learning_answers")
-            markdown = markdown_table(points) if points else "no day was evaluated"
+            table = markdown_table(points) if points else "no day was evaluated"
+            markdown = summary_markdown(out, len(sample_days())) + table
             out["variants"] = run_levers(fresh, root, cpu.url, gpu.url, levers)
         finally:
             gpu.stop()

@@ -14,6 +14,7 @@ from lanes_pipeline.bench.learning import (
     budget_configs,
     lever_configs,
     summarize,
+    summary_markdown,
     targets,
     variant_configs,
     variant_row,
@@ -83,6 +84,17 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
     assert out["tasks"] == {"repo": 0, "anchor": 0, "completion_points": 0, "humaneval": 0}
     assert out["promotions"] == 0 and out["rejections"] == 0  # the registry is empty here
     assert out["targets"]["repo_pass_rate_at_least_base_plus_10_points"]["met"] is True
+    lines = summary_markdown(out, 3).splitlines()
+    assert lines[:2] == [
+        "Days run: 3 of the sample's 3; promotions 0, rejections 0; the alias serves lanes-2026-11-02.",
+        "Task sets of the last judged day (n): repo 0, anchor 0, completion_points 0, humaneval 0.",
+    ]
+    assert lines[2:5] == [
+        "- 2026-11-01: no adapter",
+        "- 2026-11-02: promote; completion_edit_similarity against base on 8 paired tasks: 8 won, 0 lost, "
+        "0 tied, difference +0.3000 (95% interval +0.3000 to +0.3000), one-sided p = 0.004",
+        "- 2026-11-03: no adapter",
+    ]
 
 
 def test_a_variant_changes_one_lever_in_a_copy_of_the_configs(tmp_path: Path) -> None:
