@@ -19,7 +19,7 @@ from lanes_pipeline.config.trials import load_trials
 from lanes_pipeline.observatory.compare import compare_row, markdown_table
 from lanes_pipeline.observatory.registry import TrialRecord, TrialRegistry, registry_path
 from lanes_pipeline.observatory.trials import run_trial
-from lanes_pipeline.observatory.workload import WORKLOADS
+from lanes_pipeline.observatory.workload import WORKLOADS, Workload
 from lanes_pipeline.settings import Settings
 
 
@@ -77,7 +77,10 @@ def run(settings: Settings) -> dict[str, Any]:
     wanted = [n.strip() for n in os.environ.get("LANES_BENCH_TRIALS", "").split(",") if n.strip()]
     if wanted:
         trials = [t for t in trials if t.name in wanted]
-    work = WORKLOADS[os.environ.get("LANES_BENCH_TRIALS_WORKLOAD", "small")]
+    workload = os.environ.get("LANES_BENCH_TRIALS_WORKLOAD", "small")
+    if workload not in WORKLOADS:
+        raise ValueError(f"LANES_BENCH_TRIALS_WORKLOAD: unknown {workload!r}; known: {', '.join(WORKLOADS)}")
+    work = WORKLOADS[workload]
     records: list[TrialRecord] = []
     with TrialRegistry(registry_path(settings.data_dir)) as registry:
         for spec in trials:  # each trial stops its own server, also on Ctrl-C / SIGTERM (bench's handler)
@@ -85,7 +88,19 @@ def run(settings: Settings) -> dict[str, Any]:
             registry.add(record)
             records.append(record)
     return {
+        "workload": {"name": workload} | work.model_dump(),
         "rows": [trial_row(r).model_dump() for r in records],
         "failed": [r.name for r in records if not r.ok],
-        "markdown": markdown_table([compare_row(r) for r in records]),
+        "markdown": workload_line(workload, work) + markdown_table([compare_row(r) for r in records]),
     }
+
+
+def workload_line(name: str, work: Workload) -> str:
+    """What each row's figures were measured on, so their noise can be judged: a speed from one answer of a
+    dozen tokens differs a lot between two runs of the same trial."""
+    return (
+        f"Workload `{name}` (`LANES_BENCH_TRIALS_WORKLOAD`): TTFT and TG from {work.single_requests} "
+        f"streamed answer(s) of {work.max_tokens} tokens, PP from {work.long_prompt_requests} prompt(s) of "
+        f"{work.long_prompt_blocks} code blocks, TG@slots from {work.requests_per_slot} request(s) per slot, "
+        f"prefix hit from {work.prefix_requests} requests sharing a repository map.\n\n"
+    )

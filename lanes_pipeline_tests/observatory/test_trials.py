@@ -10,7 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from lanes_pipeline.bench.trials import trial_row
+from lanes_pipeline.bench.trials import trial_row, workload_line
 from lanes_pipeline.cli import main
 from lanes_pipeline.config.trials import TrialSpec, load_trials
 from lanes_pipeline.observatory import trials as trials_module
@@ -18,7 +18,7 @@ from lanes_pipeline.observatory.compare import compare_row, markdown_table, writ
 from lanes_pipeline.observatory.measure import LaneFigures
 from lanes_pipeline.observatory.quantize import check_model_file
 from lanes_pipeline.observatory.registry import ModelParams, TrialRecord, TrialRegistry
-from lanes_pipeline.observatory.workload import SMALL
+from lanes_pipeline.observatory.workload import SMALL, WORKLOADS
 from lanes_pipeline.settings import ConfigError, Settings, load_settings, project_root
 from lanes_pipeline_tests.embedded.test_gguf_and_ik_tools import write_gguf
 
@@ -301,3 +301,12 @@ def test_a_trial_s_parameters_come_from_its_gguf_else_from_models_yaml(
     assert fallback.source.startswith("models.yaml (") and "GGUF version 0" in fallback.source
     gpu = TrialSpec(name="g", lane="gpu", model="smollm2-135m-instruct-hf")
     assert trials_module.model_params(gpu, settings, tmp_path).source == "models.yaml"
+
+
+def test_the_benchmark_says_what_each_figure_was_measured_on() -> None:
+    line = workload_line("small", WORKLOADS["small"])
+    assert line.startswith(
+        "Workload `small` (`LANES_BENCH_TRIALS_WORKLOAD`): TTFT and TG from 1 streamed answer(s)"
+    )
+    assert "of 12 tokens, PP from 1 prompt(s) of 4 code blocks, TG@slots from 1 request(s) per slot" in line
+    assert "of 32 tokens" in workload_line("default", WORKLOADS["default"])
