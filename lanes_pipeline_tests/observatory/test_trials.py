@@ -10,6 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from lanes_pipeline.bench import trials as trials_bench
 from lanes_pipeline.bench.trials import trial_row, workload_line
 from lanes_pipeline.cli import main
 from lanes_pipeline.config.trials import TrialSpec, load_trials
@@ -310,3 +311,13 @@ def test_the_benchmark_says_what_each_figure_was_measured_on() -> None:
     )
     assert "of 12 tokens, PP from 1 prompt(s) of 4 code blocks, TG@slots from 1 request(s) per slot" in line
     assert "of 32 tokens" in workload_line("default", WORKLOADS["default"])
+
+
+def test_an_unknown_workload_is_refused_by_name_before_any_server_starts(
+    private_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LANES_BENCH_TRIALS_WORKLOAD", "huge")
+    refused = "LANES_BENCH_TRIALS_WORKLOAD: unknown 'huge'; known: default, small"
+    with pytest.raises(ValueError, match=refused):
+        trials_bench.run(private_settings)
+    assert not (private_settings.data_dir / "logs").exists()
