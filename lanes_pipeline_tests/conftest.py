@@ -20,8 +20,9 @@ from typing import cast, get_args
 
 import pytest
 
+from lanes_pipeline.config.cpu_server import CpuModelKind
 from lanes_pipeline.embedded import engines
-from lanes_pipeline.embedded.servers import EmbeddedServer, LaneName, build_lane_server, build_server
+from lanes_pipeline.embedded.servers import EmbeddedServer, LaneName, build_server
 from lanes_pipeline.settings import CpuEngineName, Settings, load_settings
 from lanes_pipeline_tests import server_worker
 
@@ -151,9 +152,12 @@ def gpu_engine(settings: Settings) -> Path:
     return engines.vllm_python(settings.data_dir)
 
 
-def settings_with_cpu_engine(settings: Settings, engine: CpuEngineName) -> Settings:
+def settings_with_cpu_engine(
+    settings: Settings, engine: CpuEngineName, model: CpuModelKind | None = None
+) -> Settings:
+    """The session's settings with the CPU lane on `engine` (and on `model`, dense or moe, when given)."""
     lane = settings.lanes.cpu_lane
-    embedded = lane.embedded.model_copy(update={"engine": engine})
+    embedded = lane.embedded.model_copy(update={"engine": engine} | ({"model": model} if model else {}))
     lanes = settings.lanes.model_copy(update={"cpu_lane": lane.model_copy(update={"embedded": embedded})})
     return dataclasses.replace(settings, lanes=lanes)
 
@@ -165,7 +169,11 @@ def _engine_server(
     if settings.lanes.cpu_lane.embedded.engine == engine:
         yield request.getfixturevalue("cpu_server")
         return
-    server = build_server(settings_with_cpu_engine(settings, engine), "cpu", port=0, publish=False)
+    yield from _started_cpu_server(settings_with_cpu_engine(settings, engine))
+
+
+def _started_cpu_server(settings: Settings) -> Iterator[EmbeddedServer]:
+    server = build_server(settings, "cpu", port=0, publish=False)
     try:
         yield server.start()
     finally:
@@ -184,28 +192,16 @@ def cpu_server_upstream(settings: Settings, request: pytest.FixtureRequest) -> I
     yield from _engine_server(settings, "llama_cpp", request)
 
 
-def _moe_server(settings: Settings, engine: CpuEngineName) -> Iterator[EmbeddedServer]:
-    """A server of `engine` on the upcycled MoE (`cpu_lane.embedded.model: moe`), whatever the session's
-    model."""
-    lane = settings_with_cpu_engine(settings, engine).lanes.cpu_lane
-    moe = lane.model_copy(update={"embedded": lane.embedded.model_copy(update={"model": "moe"})})
-    server = build_lane_server(moe, settings.data_dir, port=0, publish=False)
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-
-
 @pytest.fixture(scope="session")
 def cpu_server_ik_moe(settings: Settings) -> Iterator[EmbeddedServer]:
     """ik_llama.cpp's llama-server on the upcycled MoE: the compatibility subset runs on ik's MoE path too."""
-    yield from _moe_server(settings, "ik_llama")
+    yield from _started_cpu_server(settings_with_cpu_engine(settings, "ik_llama", model="moe"))
 
 
 @pytest.fixture(scope="session")
 def cpu_server_upstream_moe(settings: Settings) -> Iterator[EmbeddedServer]:
     """Upstream's llama-server on the upcycled MoE."""
-    yield from _moe_server(settings, "llama_cpp")
+    yield from _started_cpu_server(settings_with_cpu_engine(settings, "llama_cpp", model="moe"))
 
 
 # The compatibility subset's servers: each engine on the session's model, then each on the MoE (the lane the

@@ -275,15 +275,13 @@ def summary_markdown(out: dict[str, Any], days_in_sample: int) -> str:
     """The lines above the learning table: the task sets' sizes (each figure's n), the days run, and each
     day's paired decision with its counts, so the table's percentages are read with their sample sizes.
     Pure."""
-    tasks = out.get("tasks", {})
-    sizes = ", ".join(f"{name} {count}" for name, count in tasks.items())
+    sizes = ", ".join(f"{name} {count}" for name, count in out["tasks"].items())
     lines = [
-        f"Days run: {len(out.get('days', []))} of the sample's {days_in_sample}; promotions "
-        f"{out.get('promotions', 0)}, rejections {out.get('rejections', 0)}; the alias serves "
-        f"{out.get('served_version', 'base')}.",
+        f"Days run: {len(out['days'])} of the sample's {days_in_sample}; promotions {out['promotions']}, "
+        f"rejections {out['rejections']}; the alias serves {out['served_version']}.",
         f"Task sets of the last judged day (n): {sizes}.",
     ]
-    for day in out.get("days", []):
+    for day in out["days"]:
         if day.get("p_value") is None:
             lines.append(f"- {day['day']}: {day['decision']}")
             continue
