@@ -159,7 +159,9 @@ class VllmClient(OpenAIClient):
         alias gone between them waits behind the load. The normal load is what stays: an in-place adapter
         is re-read from disk on every step (#33791), so where the in-place load reached vLLM last, the alias
         is loaded normally once more. What vLLM does not lock: a request already past its model check when
-        the alias is unloaded looks the alias up again after preparing its prompt, and can miss it.
+        the alias is unloaded looks the alias up again after preparing its prompt, and can miss it; and where
+        the load reaches vLLM only after the unload released the name (a machine short of CPU), a request
+        in between is refused. Either is refused only while the move is under way.
         """
         current = self._served_from(alias)
         if current is None:
