@@ -31,7 +31,7 @@ from lanes_pipeline.bench.cpu_yield import empty_data_dir
 from lanes_pipeline.bench.real_package import build_release_repo
 from lanes_pipeline.config.models import ExecutedEvalConfig
 from lanes_pipeline.dataset.completion_points import CompletionPoint
-from lanes_pipeline.dataset.contract import completion_prompt
+from lanes_pipeline.dataset.contract import at_cut, completion_prompt
 from lanes_pipeline.dataset.held_out_tasks import completion_of_repo
 from lanes_pipeline.dataset.holdout_rules import held_out_symbols
 from lanes_pipeline.embedded.servers import build_server
@@ -60,7 +60,7 @@ def grid_prompt(path: str, prefix: str, context_chars: int) -> str:
         if offset >= start:
             kept.append(line)
         offset += len(line)
-    return f"# {path}\n" + "".join(kept)
+    return at_cut(f"# {path}\n" + "".join(kept))
 
 
 def package_points(root: Path, count: int) -> tuple[list[CompletionPoint], dict[str, str]]:

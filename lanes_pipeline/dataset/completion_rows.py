@@ -3,8 +3,9 @@
 The judge scores the served model on continuing held-out functions from a cut (completion_points.py);
 these rows teach that very task on the functions the day teaches: the file's text before a cut inside the
 function, in exactly the prompt an editor sends (`contract.completion_prompt`), answered with the lines
-that follow. Held-out bodies above the cut are masked as in every training row; a held-out function's own
-rows go to the eval split (holdout_rules.route). Everything here is pure.
+that follow (`contract.completion_continuation`: the newline the prompt stops before comes first).
+Held-out bodies above the cut are masked as in every training row; a held-out function's own rows go to
+the eval split (holdout_rules.route). Everything here is pure.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lanes_pipeline.dataset.completion_points import cut_points
-from lanes_pipeline.dataset.contract import completion_prompt
+from lanes_pipeline.dataset.contract import completion_continuation, completion_prompt
 from lanes_pipeline.dataset.holdout_rules import mask
 from lanes_pipeline.dataset.writer import Candidate
 from lanes_pipeline.repos.symbols import Symbol
@@ -53,7 +54,7 @@ def completion_rows(
                 repo=repo,
                 path=symbol.path,
                 code=completion_prompt(symbol.path, prefix, context_chars),
-                answer=answer,
+                answer=completion_continuation(answer),
                 symbol=symbol.name,
                 code_is_file=False,
             )

@@ -98,12 +98,19 @@ def features() -> Any:
     return Features({"messages": List(message), "task": Value("string"), "content_hash": Value("string")})
 
 
-# The code-completion prompt lives in the contract, not beside the evaluation: the training rows of a later
-# issue must continue files in exactly this format, so what the adapter learns is what it is judged on.
+# The code-completion prompt lives in the contract, not beside the evaluation: the training rows continue
+# files in exactly this format, so what the adapter learns is what it is judged on.
+#
+# The prompt stops before the newline that ends the line above the cut, and the continuation begins with it.
+# BPE tokenizers merge a newline with the next line's indentation ("\n   " then " if" in SmolLM2's): a prompt
+# ending in a bare newline shows the model a token that, in everything it was trained on, comes before a line
+# at column 0, so it closed the function instead of continuing it; and a trainer that tokenizes prompt and
+# continuation as one text learned tokens the server never showed.
 def completion_prompt(path: str, prefix: str, context_chars: int) -> str:
     """What an editor sends for a continuation: a first line `# {path}`, then the file's text before the
     cut (`prefix`, which ends at a line boundary), cut from the left at a line boundary to at most
-    `context_chars` characters, so the model always sees whole lines and the one to write comes next."""
+    `context_chars` characters, so the model always sees whole lines; the newline before the cut is left
+    to the model (`at_cut`)."""
     if context_chars < 0:
         raise ValueError(f"completion prompt for {path}: context_chars must be >= 0, got {context_chars}")
     if prefix and not prefix.endswith("\n"):
@@ -117,4 +124,16 @@ def completion_prompt(path: str, prefix: str, context_chars: int) -> str:
         if size + len(line) > context_chars:
             break
         kept, size = kept + 1, size + len(line)
-    return f"# {path}\n" + "".join(lines[len(lines) - kept :])
+    return at_cut(f"# {path}\n" + "".join(lines[len(lines) - kept :]))
+
+
+def at_cut(text: str) -> str:
+    """A completion prompt's text (whole lines) without the newline that ends it: that newline, merged with
+    the next line's indentation into one token, is the first thing the model writes."""
+    return text.removesuffix("\n")
+
+
+def completion_continuation(lines: str) -> str:
+    """What follows a completion prompt: the newline it stops before, then `lines` (whole lines of the
+    file) without the newline after the last, which belongs to the line that comes next."""
+    return "\n" + lines.removesuffix("\n")

@@ -25,6 +25,7 @@ from lanes_pipeline.dataset.contract import (
     TASKS,
     Record,
     Task,
+    at_cut,
     check_row,
     content_hash,
     features,
@@ -159,7 +160,7 @@ def fit(candidate: Candidate, system_prompt: str, count: TokenCounter, max_len: 
         head, *tail = candidate.code.splitlines(keepends=True)
 
         def cut(n: int) -> Record:
-            return render(candidate, system_prompt, head + "".join(tail[len(tail) - n :]))
+            return render(candidate, system_prompt, at_cut(head + "".join(tail[len(tail) - n :])))
 
         most = len(tail)
     else:  # keep the file's head, then a mark

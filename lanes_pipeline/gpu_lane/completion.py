@@ -1,11 +1,13 @@
 """The editor's figure: held-out code completion, scored as CrossCodeEval and RepoBench score it.
 
 At each completion point of the day (dataset/completion_points.py) the served model continues the file
-from the cut through the completions endpoint, the way an editor asks: greedy (temperature 0), one line
-(`stop=["\\n"]`). The line it writes is compared with the file's next line: exact match, and edit
-similarity (`rapidfuzz.fuzz.ratio` / 100, the fuzzywuzzy ratio both benchmarks report), both on the lines
-stripped of surrounding whitespace so indentation alone neither wins nor loses a point. The base model,
-the current adapter and the candidate are asked the same points, so the figure compares like with like.
+from the cut through the completions endpoint, the way an editor asks: greedy (temperature 0), up to
+`completion_max_tokens` tokens, of which the first code line is scored. The prompt stops before the
+newline that ends the line above the cut (`contract.completion_prompt` says why). The line it writes is
+compared with the file's next line: exact match, and edit similarity (`rapidfuzz.fuzz.ratio` / 100, the
+fuzzywuzzy ratio both benchmarks report), both on the lines stripped of surrounding whitespace so
+indentation alone neither wins nor loses a point. The base model, the current adapter and the candidate
+are asked the same points, so the figure compares like with like.
 """
 
 from __future__ import annotations

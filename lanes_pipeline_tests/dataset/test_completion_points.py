@@ -133,14 +133,16 @@ def test_a_function_whose_lines_are_not_the_files_gives_none() -> None:
 
 def test_the_prompt_names_the_file_and_cuts_whole_lines_from_the_left() -> None:
     prefix = "import os\n\ndef f():\n    a = 1\n"
-    assert completion_prompt("pkg/m.py", prefix, 1000) == "# pkg/m.py\n" + prefix
-    assert completion_prompt("pkg/m.py", prefix, len("    a = 1\n")) == "# pkg/m.py\n    a = 1\n"
+    # The prompt stops before the newline of the line above the cut: the model writes it, merged with the
+    # next line's indentation into one token.
+    assert completion_prompt("pkg/m.py", prefix, 1000) == "# pkg/m.py\n" + prefix.removesuffix("\n")
+    assert completion_prompt("pkg/m.py", prefix, len("    a = 1\n")) == "# pkg/m.py\n    a = 1"
     # One character short of the last two lines: only the last, never part of a line.
     two = len("def f():\n    a = 1\n")
-    assert completion_prompt("m.py", prefix, two - 1) == "# m.py\n    a = 1\n"
-    assert completion_prompt("m.py", prefix, two) == "# m.py\ndef f():\n    a = 1\n"
-    assert completion_prompt("m.py", prefix, 3) == "# m.py\n"  # no whole line fits
-    assert completion_prompt("m.py", "", 100) == "# m.py\n"  # a cut at the first line
+    assert completion_prompt("m.py", prefix, two - 1) == "# m.py\n    a = 1"
+    assert completion_prompt("m.py", prefix, two) == "# m.py\ndef f():\n    a = 1"
+    assert completion_prompt("m.py", prefix, 3) == "# m.py"  # no whole line fits
+    assert completion_prompt("m.py", "", 100) == "# m.py"  # a cut at the first line
     with pytest.raises(ValueError, match=r"m\.py: the text before the cut must end with a newline"):
         completion_prompt("m.py", "def f():\n    a", 100)
     with pytest.raises(ValueError, match="context_chars must be >= 0"):

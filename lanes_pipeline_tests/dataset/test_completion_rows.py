@@ -53,12 +53,12 @@ def test_a_row_is_the_editors_prompt_before_a_cut_and_the_lines_after_it() -> No
     rows = completion_rows("geo", by_name["area"], SOURCE, [by_name["secret"]], 3000, cuts=3, lines=2)
     assert [r.task for r in rows] == ["complete"] * 3
     first = rows[0]
-    assert first.answer == '    if w < 0 or h < 0:\n        raise ValueError("negative side")\n'
+    assert first.answer == '\n    if w < 0 or h < 0:\n        raise ValueError("negative side")'
     cut = SOURCE.index("    if w < 0")
     masked = SOURCE[:cut].replace("    y = x * 7\n    return y + 1\n", "    ...  # held out\n")
     assert first.code == completion_prompt("geo.py", masked, 3000)
     assert "x * 7" not in "".join(r.code + r.answer for r in rows)  # the held-out body never trains
-    assert rows[-1].answer == "    return math.floor(size)\n"  # the function's last line: no lines after it
+    assert rows[-1].answer == "\n    return math.floor(size)"  # the function's last line: no lines after it
     # the held-out function's own rows are routed to the eval split; the taught one's train
     held_rows = completion_rows("geo", by_name["secret"], SOURCE, [by_name["secret"]], 3000, 3, 2)
     assert all(route(r, [by_name["secret"]]).held_out for r in held_rows)
@@ -79,9 +79,24 @@ def test_a_row_is_rendered_verbatim_and_cut_from_the_left_to_fit(tokenizer: Any)
     cut = fit(row, "", count, budget)
     assert cut is not None and count(cut.messages) <= budget
     prompt = cut.messages[0]["content"]
-    assert prompt.startswith("# geo.py\n") and prompt.endswith('    """Area of a rectangle."""\n')
+    assert prompt.startswith("# geo.py\n") and prompt.endswith('    """Area of a rectangle."""')
     assert cut.messages[1]["content"] == row.answer
     assert fit(row, "", count, 3) is None  # the answer alone does not fit
+
+
+def test_the_prompt_is_tokenized_as_in_the_row_so_the_model_continues_at_its_token_boundary(
+    tokenizer: Any,
+) -> None:
+    """The server tokenizes the prompt alone; the trainer the prompt and the continuation as one text. The
+    prompt's tokens are the row's first tokens, and the continuation's first token is the newline merged
+    with the next line's indentation, the token the model saw before an indented line in training."""
+    by_name = symbols()
+    for row in completion_rows("geo", by_name["area"], SOURCE, [], 3000, cuts=3, lines=2):
+        asked = tokenizer(row.code, add_special_tokens=False)["input_ids"]
+        whole = tokenizer(row.code + row.answer, add_special_tokens=False)["input_ids"]
+        assert whole[: len(asked)] == asked, row.answer
+        first = tokenizer.decode(whole[len(asked) : len(asked) + 1])
+        assert first.startswith("\n") and first.strip(" ") == "\n" and len(first) > 1, first
 
 
 def test_rows_cut_in_one_function_are_not_near_duplicates_of_each_other(tokenizer: Any) -> None:

@@ -78,7 +78,7 @@ def test_each_point_is_asked_greedily_after_its_prefix_and_scored_on_one_line() 
     server: Any = FakeCompletions("\n    return y\nextra")
     answers = completion_answers(server, "base", [POINT], {"r": {"m.py": SOURCE}}, 1000, 48, workers=4)
     (request,) = server.sent
-    assert request.prompt == "# m.py\ndef f(x):\n    y = x + 1\n"
+    assert request.prompt == "# m.py\ndef f(x):\n    y = x + 1"  # the newline is the model's to write
     assert (request.model, request.temperature, request.stop, request.max_tokens) == ("base", 0.0, None, 48)
     (answer,) = answers
     assert answer.task == POINT.id and answer.answer == "\n    return y\nextra" and answer.tokens == 4

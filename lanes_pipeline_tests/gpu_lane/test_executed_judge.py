@@ -25,7 +25,7 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from lanes_pipeline.dataset.completion_points import CompletionPoint, day_points
-from lanes_pipeline.dataset.contract import completion_prompt
+from lanes_pipeline.dataset.contract import completion_continuation, completion_prompt
 from lanes_pipeline.dataset.held_out_tasks import HeldOutDay
 from lanes_pipeline.dataset.holdout_rules import held_out_symbols
 from lanes_pipeline.definitions import daily_assets
@@ -74,8 +74,7 @@ def memorised_adapter(
     base_model_dir: Path, out_dir: Path, shown: list[tuple[str, str]], epochs: int = 8
 ) -> Path:
     """A real PEFT LoRA trained on (prompt, next line) pairs as plain continuation, what the completions
-    endpoint asks. The two are tokenized apart, as the server sees a prompt that ends at its newline: one
-    text would merge the newline with the next line's indentation into tokens the server never shows."""
+    endpoint asks: the prompt as the server tokenizes it, then the newline it stops before and the line."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -92,7 +91,7 @@ def memorised_adapter(
     model.train()
     examples = []
     for prompt, line in shown:
-        asked, answer = tokenizer(prompt).input_ids, tokenizer(line + "\n").input_ids
+        asked, answer = tokenizer(prompt).input_ids, tokenizer(completion_continuation(line + "\n")).input_ids
         ids = torch.tensor([asked + answer])
         labels = torch.tensor([[-100] * len(asked) + answer])  # learn the line, not the prompt
         examples.append((ids, labels))

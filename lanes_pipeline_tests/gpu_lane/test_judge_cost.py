@@ -13,10 +13,8 @@ from lanes_pipeline.dataset.contract import completion_prompt
 def test_the_grid_window_shares_its_start_between_neighbouring_cuts() -> None:
     prefix = "import os\n\ndef f():\n    a = 1\n"  # lines start at 0, 10, 11 and 20; 30 characters
     assert grid_prompt("m.py", prefix, 1000) == completion_prompt("m.py", prefix, 1000)
-    assert grid_prompt("m.py", prefix, 20) == "# m.py\n\ndef f():\n    a = 1\n"  # from the grid point 10
-    assert (
-        grid_prompt("m.py", prefix, 19) == "# m.py\n    a = 1\n"
-    )  # grid point 18: the next line starts at 20
+    assert grid_prompt("m.py", prefix, 20) == "# m.py\n\ndef f():\n    a = 1"  # from the grid point 10
+    assert grid_prompt("m.py", prefix, 19) == "# m.py\n    a = 1"  # grid point 18: the next line starts at 20
     lines = [f"line_{i:03d} = {i:03d}\n" for i in range(400)]  # 15 characters a line
     grid = [grid_prompt("m.py", "".join(lines[:cut]), 600) for cut in range(100, 400)]
     slid = [completion_prompt("m.py", "".join(lines[:cut]), 600) for cut in range(100, 400)]
