@@ -36,8 +36,9 @@ def score_line(expected: str, got: str) -> dict[str, float]:
 
 def first_line(text: str) -> str:
     """The line of a continuation that is scored: its first line that is neither blank nor only a comment,
-    as RepoBench takes it. Small models often begin with a newline or a commented-out line; a newline stop
-    would score them on nothing, although the next code line they write is the one an editor shows."""
+    as RepoBench takes it. A continuation begins with the newline the prompt stops before (the text before
+    it, normally nothing, would extend the line above the cut), and small models may write a blank or
+    commented-out line first; the next code line they write is the one an editor shows."""
     for line in text.split("\n"):
         stripped = line.strip()
         if stripped and not stripped.startswith("#"):
