@@ -12,8 +12,11 @@ symbols, LoRA training, executed evaluation, promotion. Then, on the same vLLM:
 - `base` and `served` after the last day: each figure of the last judged day (`repo_pass_rate`,
   `anchor_pass_rate`, `completion_exact_match`, `completion_edit_similarity`, `eval_loss` and its kinds,
   `humaneval_pass1` on all 164 problems unless the daily evaluation runs a subset, then on a full run);
-- `promotions`, `rejections`, the issue's targets with their gaps, and `answers`: every judged day's
-  answers.json, copied out of the temporary data folder to data/bench/learning_answers/.
+- `served_vs_base`: every figure of the served model against the base on the last judged day's tasks,
+  paired (wins, losses, difference, interval, one-sided p-values by sign test or Wilcoxon): exact match
+  too, which the day's decision does not test;
+- `promotions`, `rejections`, the issues' targets with their gaps (learning_targets), and `answers`: every
+  judged day's answers.json, copied out of the temporary data folder to data/bench/learning_answers/.
 
 The CPU lane runs on a smaller budget than the shipped one (CPU_BUDGET, reported as `cpu_budget`);
 `LANES_LEARNING_DAYS=N` runs the first N days only (reported as `days_run`).
@@ -43,6 +46,7 @@ from dagster import DagsterInstance, materialize
 
 from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
 from lanes_pipeline.bench.cpu_yield import empty_data_dir, sample_days
+from lanes_pipeline.bench.learning_targets import targets
 from lanes_pipeline.bench.real_package import build_release_repo
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.resources import (
@@ -57,14 +61,12 @@ from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.evaluation_record import read_answers, read_decision
 from lanes_pipeline.gpu_lane.humaneval import humaneval_pass1, load_problems
 from lanes_pipeline.gpu_lane.learning_report import load_points, markdown_table
-from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint
+from lanes_pipeline.gpu_lane.paired import PairedComparison
+from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint, served_against_base
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
 from lanes_pipeline.settings import Settings, edit_config_file, load_settings
 from lanes_pipeline.store import ArtifactStore
 
-TARGET_LOSS_RATIO = 0.8  # served eval loss <= 0.8 x base's
-TARGET_REPO_POINTS = 0.10  # served repo_pass_rate >= base's + 10 points
-TARGET_HUMANEVAL_POINTS = 0.01  # served HumanEval pass@1 >= base's - 1 point
 # The second repository: tabulate's latest release (one module of about 60 functions, pure Python, its tests
 # in the sdist), committed on the first day: its held-out functions are judged every day, and the CPU lane
 # works through its backlog. None of the anchor set's packages, which must never be a repository the user
@@ -237,14 +239,18 @@ def summarize(
     registry: AdapterRegistry,
     humaneval: dict[str, float],
     decisions: dict[str, Decision] | None = None,
+    served_vs_base: Sequence[PairedComparison] = (),
 ) -> dict[str, Any]:
-    """The report's figures from the days' points, their decisions and the final HumanEval run. Pure."""
+    """The report's figures from the days' points, their decisions, the final HumanEval run and the
+    paired comparisons of served against base on the last judged day (none when it serves the base).
+    Pure."""
     decisions = decisions or {}
+    paired = {c.figure: c.model_dump(mode="json") for c in served_vs_base}
+    promotions = statuses_promoted(registry)
     last = points[-1] if points else None
     measured = next((p for p in reversed(points) if p.candidate is not None), None)
     base = measured.base if measured else None
     served = measured.served_figures if measured else None
-    statuses = [v.status for v in registry.versions()]
     figures = {
         label: {
             "repo_pass_rate": f.repo_pass_rate if f else None,
@@ -264,11 +270,18 @@ def summarize(
         "served_version": last.served if last else "base",
         "base": figures["base"],
         "served": figures["served"],
-        "promotions": statuses.count("promoted") + statuses.count("retired"),
-        "rejections": statuses.count("rejected"),
+        "served_vs_base": paired,
+        "promotions": promotions,
+        "rejections": [v.status for v in registry.versions()].count("rejected"),
         "curve": [p.model_dump(mode="json") for p in points],
-        "targets": targets(figures["base"], figures["served"]),
+        "targets": targets(figures["base"], figures["served"], paired, promotions),
     }
+
+
+def statuses_promoted(registry: AdapterRegistry) -> int:
+    """Versions that were promoted over the run (a retired one was promoted, then replaced)."""
+    statuses = [v.status for v in registry.versions()]
+    return statuses.count("promoted") + statuses.count("retired")
 
 
 def summary_markdown(out: dict[str, Any], days_in_sample: int) -> str:
@@ -292,6 +305,16 @@ def summary_markdown(out: dict[str, Any], days_in_sample: int) -> str:
             f"difference {day['difference']:+.4f} (95% interval {low:+.4f} to {high:+.4f}), one-sided "
             f"p = {day['p_value']:.3f}"
         )
+    if out["served_vs_base"]:
+        lines.append(f"Served ({out['served_version']}) against base on the last judged day, every figure:")
+    for figure, c in out["served_vs_base"].items():
+        if not c["n"]:
+            continue
+        lines.append(
+            f"- {figure}: {c['candidate']:.4f} vs {c['reference']:.4f} on {c['n']} paired tasks, "
+            f"{c['wins']} won, {c['losses']} lost, difference {c['difference']:+.4f}; one-sided {c['test']} "
+            f"p better = {c['p_better']:.3g}, p worse = {c['p_worse']:.3g}"
+        )
     return "\n".join(lines) + "\n\n"
 
 
@@ -313,31 +336,22 @@ def _kept_answers(store: ArtifactStore, points: Sequence[LearningPoint], target:
     return kept
 
 
+def _served_vs_base(store: ArtifactStore, points: Sequence[LearningPoint]) -> list[PairedComparison]:
+    """Every figure of the served model against the base's on the last judged day, from its answers
+    (none when the alias serves the base)."""
+    measured = next((p for p in reversed(points) if p.candidate is not None), None)
+    label = measured.served_label() if measured else None
+    if measured is None or label is None:
+        return []
+    return served_against_base(read_answers(store, measured.day.isoformat()).scores(), label)
+
+
 def _decisions(store: ArtifactStore, points: Sequence[LearningPoint]) -> dict[str, Decision]:
     out = {}
     for point in points:
         if point.candidate is not None:
             out[point.day.isoformat()] = read_decision(store, point.day.isoformat())
     return out
-
-
-def _target(value: float | None, wanted: float | None, higher_is_better: bool) -> dict[str, Any]:
-    if value is None or wanted is None:
-        return {"value": value, "target": wanted, "met": False, "gap": None}
-    met = value >= wanted - 1e-9 if higher_is_better else value <= wanted + 1e-9
-    gap = round(max(0.0, wanted - value) if higher_is_better else max(0.0, value - wanted), 4)
-    return {"value": round(value, 4), "target": round(wanted, 4), "met": met, "gap": gap}
-
-
-def targets(base: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
-    loss = base["eval_loss"] * TARGET_LOSS_RATIO if base["eval_loss"] is not None else None
-    repo = base["repo_pass_rate"] + TARGET_REPO_POINTS if base["repo_pass_rate"] is not None else None
-    human = base["humaneval_pass1"] - TARGET_HUMANEVAL_POINTS if base["humaneval_pass1"] is not None else None
-    return {
-        "eval_loss_at_most_0.8x_base": _target(served["eval_loss"], loss, higher_is_better=False),
-        "repo_pass_rate_at_least_base_plus_10_points": _target(served["repo_pass_rate"], repo, True),
-        "humaneval_pass1_at_least_base_minus_1_point": _target(served["humaneval_pass1"], human, True),
-    }
 
 
 def with_release_history(settings: Settings, root: Path) -> Settings:
@@ -366,7 +380,17 @@ def with_release_history(settings: Settings, root: Path) -> Settings:
 
 def variant_row(name: str, changed: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """One line of `results.learning.variants`."""
-    keep = ("promotions", "rejections", "served_version", "served", "base", "targets", "days", "failed_days")
+    keep = (
+        "promotions",
+        "rejections",
+        "served_version",
+        "served",
+        "base",
+        "served_vs_base",
+        "targets",
+        "days",
+        "failed_days",
+    )
     return {"name": name, "changed": changed} | {k: run[k] for k in keep if k in run}
 
 
@@ -382,7 +406,8 @@ def run_levers(
         failed = _backfill(settings, resources, bench_days())
         store = ArtifactStore(root / "artifacts")
         points = load_points(store)
-        out = summarize(points, resources["adapter_registry"].registry(), {}, _decisions(store, points))
+        registry = resources["adapter_registry"].registry()
+        out = summarize(points, registry, {}, _decisions(store, points), _served_vs_base(store, points))
         rows.append(variant_row(name, LEVERS[name], out | {"failed_days": failed}))
     return rows
 
@@ -407,7 +432,7 @@ def run_once(settings: Settings, levers: Sequence[str] = ()) -> dict[str, Any]:
             model = fresh.lanes.gpu_lane.served_model_name if served == "base" else gpu_alias(fresh)
             humaneval = _full_humaneval(fresh, gpu.url, model)
             # the registry and the answers live in the temporary folder: everything is read before it goes
-            out = summarize(points, registry, humaneval, decisions)
+            out = summarize(points, registry, humaneval, decisions, _served_vs_base(store, points))
             out["answers"] = _kept_answers(store, points, settings.data_dir / "bench" / "learning_answers")
             table = markdown_table(points) if points else "no day was evaluated"
             markdown = summary_markdown(out, len(sample_days())) + table

@@ -182,6 +182,26 @@ def paired_decision(
     return Decision(promote=ok, reasons=reasons, primary=primary, comparisons=comparisons)
 
 
+def served_against_base(scores: Mapping[str, Scores], served: str) -> list[PairedComparison]:
+    """Every figure of the model the alias serves against the base's, paired on the day's tasks: what the
+    user gained. `served` is its label in `scores` ('candidate' when promoted that day, 'current' when an
+    earlier adapter still serves). The decision tests the primary figure and guards only; this tests
+    every figure, exact match among them, the same way (sign test, Wilcoxon)."""
+    if served not in scores or "base" not in scores:
+        raise ValueError(f"no answers of {served!r} and 'base' to pair: the labels are {sorted(scores)}")
+    return [
+        compare(
+            name,
+            "base",
+            scores[served].get(name, {}),
+            scores["base"].get(name, {}),
+            spec.kind,
+            spec.higher_is_better,
+        )
+        for name, spec in FIGURES.items()
+    ]
+
+
 class LearningPoint(BaseModel):
     """One day of the learning curve (artifacts/adapter_evaluation/<day>/learning.json): the base model,
     the day's candidate and what the stable alias serves after the day's decision, measured that day on
@@ -201,6 +221,13 @@ class LearningPoint(BaseModel):
         None, description="seconds the day's evaluation took: task sets, every model's answers, eval losses"
     )
     requests: int | None = Field(None, description="answers asked of vLLM that day (not the reused ones)")
+
+    def served_label(self) -> str | None:
+        """The served model's label in the day's answers: 'candidate' when promoted that day, 'current'
+        when an earlier adapter still serves, None when the alias serves the base."""
+        if self.promoted and self.candidate is not None:
+            return "candidate"
+        return None if self.served == "base" else "current"
 
 
 def learning_point(

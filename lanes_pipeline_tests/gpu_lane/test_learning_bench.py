@@ -15,12 +15,13 @@ from lanes_pipeline.bench.learning import (
     lever_configs,
     summarize,
     summary_markdown,
-    targets,
     variant_configs,
     variant_row,
     wanted_variants,
 )
+from lanes_pipeline.bench.learning_targets import targets
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
+from lanes_pipeline.gpu_lane.paired import compare
 from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint, paired_decision
 from lanes_pipeline.settings import default_config_dir, load_settings
 
@@ -28,7 +29,8 @@ from lanes_pipeline.settings import default_config_dir, load_settings
 def test_targets_compare_served_with_base_as_the_issue_defines_them() -> None:
     base = {"eval_loss": 2.0, "repo_pass_rate": 0.10, "humaneval_pass1": 0.05}
     met = targets(base, {"eval_loss": 1.5, "repo_pass_rate": 0.20, "humaneval_pass1": 0.04})
-    assert all(t["met"] for t in met.values()), met
+    judge_issue = ("eval_loss_at_most_0.8x_base", "repo_pass_rate_at_least_base_plus_10_points")
+    assert all(met[name]["met"] for name in [*judge_issue, "humaneval_pass1_at_least_base_minus_1_point"])
     missed = targets(base, {"eval_loss": 1.7, "repo_pass_rate": 0.15, "humaneval_pass1": 0.03})
     assert missed["eval_loss_at_most_0.8x_base"] == {"value": 1.7, "target": 1.6, "met": False, "gap": 0.1}
     assert missed["repo_pass_rate_at_least_base_plus_10_points"]["gap"] == 0.05
@@ -37,6 +39,48 @@ def test_targets_compare_served_with_base_as_the_issue_defines_them() -> None:
         base | {"eval_loss": None}, {"eval_loss": None, "repo_pass_rate": 0, "humaneval_pass1": 0}
     )
     assert unmeasured["eval_loss_at_most_0.8x_base"]["met"] is False
+
+
+def exact_matches(won: int, lost: int, n: int = 440) -> dict:
+    """served against base on exact match: `won` points only served matched, `lost` only base did."""
+    served = {f"p{i}": 1.0 if i < won else 0.0 for i in range(n)}
+    base = {f"p{i}": 1.0 if won <= i < won + lost else 0.0 for i in range(n)}
+    return compare("completion_exact_match", "base", served, base, "pass_fail").model_dump()
+
+
+def test_the_training_issues_targets_read_the_paired_comparisons_of_served_against_base() -> None:
+    base = {"eval_loss": 2.0, "repo_pass_rate": 0.1, "humaneval_pass1": 0.05, "completion_exact_match": 0.08}
+    served = {"eval_loss": 1.9, "repo_pass_rate": 0.1, "humaneval_pass1": 0.05, "completion_exact_match": 0.1}
+    worse_repo = compare(
+        "repo_pass_rate",
+        "base",
+        {f"t{i}": 0.0 for i in range(10)},
+        {f"t{i}": 1.0 for i in range(10)},
+        "pass_fail",
+    ).model_dump()
+    paired = {"completion_exact_match": exact_matches(6, 0), "repo_pass_rate": worse_repo}
+    out = targets(base, served, paired, promotions=1)
+    exact = out["completion_exact_match_better_p_below_0.05"]
+    assert exact["met"] is True and exact["p_value"] == pytest.approx(1 / 64) and exact["n"] == 440
+    assert out["completion_exact_match_at_least_base_plus_5_points"] == {
+        "value": 0.1,
+        "target": 0.13,
+        "met": False,
+        "gap": 0.03,
+    }
+    assert out["at_least_one_promotion"]["met"] is True
+    assert out["repo_pass_rate_not_significantly_lower"]["met"] is False  # 10 lost, p worse ~0.001
+    assert out["anchor_pass_rate_not_significantly_lower"]["met"] is True  # not measured: nothing lost
+    # unmeasured: nothing to pair is not better; six wins against five losses is not significant
+    assert out["completion_edit_similarity_better_p_below_0.05"] == {
+        "difference": None,
+        "p_value": None,
+        "n": 0,
+        "met": False,
+    }
+    even = targets(base, served, {"completion_exact_match": exact_matches(6, 5)}, promotions=0)
+    assert even["completion_exact_match_better_p_below_0.05"]["met"] is False
+    assert even["at_least_one_promotion"]["met"] is False
 
 
 def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) -> None:
@@ -64,7 +108,13 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
         0.05,
         {},
     )
-    out = summarize(points, registry, {"base": 0.0, "served": 0.0}, {"2026-11-02": decision})
+    exact = compare(
+        "completion_exact_match", "base", {"p0": 1.0, "p1": 0.0}, {"p0": 0.0, "p1": 0.0}, "pass_fail"
+    )
+    unmeasured = compare("eval_loss", "base", {}, {}, "graded")
+    out = summarize(
+        points, registry, {"base": 0.0, "served": 0.0}, {"2026-11-02": decision}, [exact, unmeasured]
+    )
     assert [d["day"] for d in out["days"]] == ["2026-11-01", "2026-11-02", "2026-11-03"]
     assert out["days"][0]["decision"] == "no adapter" and out["days"][0]["p_value"] is None
     judged = out["days"][1]
@@ -95,6 +145,14 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
         "0 tied, difference +0.3000 (95% interval +0.3000 to +0.3000), one-sided p = 0.004",
         "- 2026-11-03: no adapter",
     ]
+    assert out["served_vs_base"]["completion_exact_match"]["wins"] == 1
+    assert out["targets"]["completion_exact_match_better_p_below_0.05"]["p_value"] == 0.5
+    assert lines[5:] == [
+        "Served (lanes-2026-11-02) against base on the last judged day, every figure:",
+        "- completion_exact_match: 0.5000 vs 0.0000 on 2 paired tasks, 1 won, 0 lost, difference +0.5000; "
+        "one-sided sign p better = 0.5, p worse = 1",
+        "",
+    ]  # a figure not measured is left out
 
 
 def test_a_variant_changes_one_lever_in_a_copy_of_the_configs(tmp_path: Path) -> None:

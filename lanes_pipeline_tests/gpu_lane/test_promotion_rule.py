@@ -17,6 +17,7 @@ from lanes_pipeline.gpu_lane.promotion import (
     figures_of,
     learning_point,
     paired_decision,
+    served_against_base,
 )
 
 MARGINS = {"repo_pass_rate": 0.05, "anchor_pass_rate": 0.02, "humaneval_pass1": 0.02}
@@ -157,6 +158,8 @@ def test_the_learning_point_follows_what_the_alias_serves_after_the_day() -> Non
     assert rejected.candidate_figures == better  # a rejected candidate is still drawn
     first = learning_point(day, "c", Decision(promote=False, reasons=[]), {"base": base}, None)
     assert first.served == "base" and first.served_figures == base
+    labels = [p.served_label() for p in (promoted, rejected, first)]
+    assert labels == ["candidate", "current", None]
     quiet = learning_point(day, None, None, {}, "lanes-2026-11-01", note="no training rows")
     assert quiet.candidate is None and quiet.note == "no training rows" and quiet.base == Figures()
 
@@ -167,3 +170,19 @@ def test_alpha_one_promotes_a_measured_candidate_within_the_guards_without_a_tes
     assert paired_decision(same, "completion_edit_similarity", 1.0, MARGINS).promote
     forgot = {"base": model(BASE), "candidate": model(BASE, repo=(3, 20))}
     assert not paired_decision(forgot, "completion_edit_similarity", 1.0, MARGINS).promote
+
+
+def test_served_against_base_pairs_every_figure_exact_match_by_the_sign_test() -> None:
+    base = model(BASE) | {"completion_exact_match": passes(38, 440)}
+    served = model(BETTER, anchor=(21, 150)) | {"completion_exact_match": passes(44, 440)}
+    by_figure = {c.figure: c for c in served_against_base({"base": base, "current": served}, "current")}
+    exact = by_figure["completion_exact_match"]
+    assert (exact.n, exact.wins, exact.losses, exact.test, exact.against) == (440, 6, 0, "sign", "base")
+    assert exact.p_better == pytest.approx(0.5**6)  # 6 discordant pairs, all won
+    assert exact.difference == pytest.approx(6 / 440, abs=1e-4)
+    similarity = by_figure["completion_edit_similarity"]
+    assert similarity.test == "wilcoxon" and similarity.p_better < 1e-6 and similarity.wins == 300
+    assert by_figure["anchor_pass_rate"].wins == 1 and by_figure["repo_pass_rate"].n == 20
+    assert by_figure["eval_loss"].n == 0  # no eval rows were scored: an empty comparison, not an error
+    with pytest.raises(ValueError, match=r"no answers of 'candidate' and 'base' to pair"):
+        served_against_base({"base": base, "current": served}, "candidate")
