@@ -306,7 +306,7 @@ def summary_markdown(out: dict[str, Any], days_in_sample: int) -> str:
             f"p = {day['p_value']:.3f}"
         )
     if out["served_vs_base"]:
-        lines.append(f"Served ({out['served_version']}) against base on the last judged day, every figure:")
+        lines += ["", f"Served ({out['served_version']}) against base on the last judged day, every figure:"]
     for figure, c in out["served_vs_base"].items():
         if not c["n"]:
             continue

@@ -148,6 +148,7 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
     assert out["served_vs_base"]["completion_exact_match"]["wins"] == 1
     assert out["targets"]["completion_exact_match_better_p_below_0.05"]["p_value"] == 0.5
     assert lines[5:] == [
+        "",
         "Served (lanes-2026-11-02) against base on the last judged day, every figure:",
         "- completion_exact_match: 0.5000 vs 0.0000 on 2 paired tasks, 1 won, 0 lost, difference +0.5000; "
         "one-sided sign p better = 0.5, p worse = 1",
