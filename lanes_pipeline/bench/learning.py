@@ -246,7 +246,8 @@ def summarize(
     Pure."""
     decisions = decisions or {}
     paired = {c.figure: c.model_dump(mode="json") for c in served_vs_base}
-    promotions = statuses_promoted(registry)
+    statuses = [v.status for v in registry.versions()]
+    promotions = statuses.count("promoted") + statuses.count("retired")  # retired: promoted, then replaced
     last = points[-1] if points else None
     measured = next((p for p in reversed(points) if p.candidate is not None), None)
     base = measured.base if measured else None
@@ -272,16 +273,10 @@ def summarize(
         "served": figures["served"],
         "served_vs_base": paired,
         "promotions": promotions,
-        "rejections": [v.status for v in registry.versions()].count("rejected"),
+        "rejections": statuses.count("rejected"),
         "curve": [p.model_dump(mode="json") for p in points],
         "targets": targets(figures["base"], figures["served"], paired, promotions),
     }
-
-
-def statuses_promoted(registry: AdapterRegistry) -> int:
-    """Versions that were promoted over the run (a retired one was promoted, then replaced)."""
-    statuses = [v.status for v in registry.versions()]
-    return statuses.count("promoted") + statuses.count("retired")
 
 
 def summary_markdown(out: dict[str, Any], days_in_sample: int) -> str:
