@@ -10,6 +10,7 @@ import pytest
 from lanes_pipeline.bench.learning import (
     CPU_BUDGET,
     LEVERS,
+    _served_vs_base,
     bench_days,
     budget_configs,
     lever_configs,
@@ -21,9 +22,17 @@ from lanes_pipeline.bench.learning import (
 )
 from lanes_pipeline.bench.learning_targets import targets
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
+from lanes_pipeline.gpu_lane.evaluation_record import (
+    ANSWERS_FILE,
+    EVALUATION_ASSET,
+    DayAnswers,
+    ModelAnswers,
+)
+from lanes_pipeline.gpu_lane.judged import EDIT_SIMILARITY, EXACT_MATCH, TaskAnswer
 from lanes_pipeline.gpu_lane.paired import compare
 from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint, paired_decision
 from lanes_pipeline.settings import default_config_dir, load_settings
+from lanes_pipeline.store import ArtifactStore
 
 
 def test_targets_compare_served_with_base_as_the_issue_defines_them() -> None:
@@ -231,3 +240,45 @@ def test_the_variants_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
         wanted_variants("no_replay,no_such")
     row = variant_row("no_replay", LEVERS["no_replay"], {"promotions": 1, "served": {"a": 1}, "curve": []})
     assert row == {"name": "no_replay", "changed": LEVERS["no_replay"], "promotions": 1, "served": {"a": 1}}
+
+
+def completion_answers(matched: int, n: int = 10) -> ModelAnswers:
+    """A model's answers to n completion points, the first `matched` of them exact."""
+    answers = [
+        TaskAnswer(
+            task=f"p{i}",
+            answer="x",
+            scores={EXACT_MATCH: float(i < matched), EDIT_SIMILARITY: 1.0 if i < matched else 0.5},
+            reason="",
+        )
+        for i in range(n)
+    ]
+    return ModelAnswers(model="m", task_sets={"completion": answers})
+
+
+def test_served_against_base_is_read_from_the_last_judged_days_answers_for_the_label_served(
+    tmp_path: Path,
+) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    for day, labels in {
+        "2026-11-01": {"base": completion_answers(1), "candidate": completion_answers(4)},
+        "2026-11-02": {
+            "base": completion_answers(1),
+            "current": completion_answers(4),
+            "candidate": completion_answers(0),
+        },
+    }.items():
+        record = DayAnswers(day=date.fromisoformat(day), candidate=f"lanes-{day}", labels=labels)
+        store.write_json(EVALUATION_ASSET, day, ANSWERS_FILE, record.model_dump(mode="json"))
+    promoted = LearningPoint(
+        day=date(2026, 11, 1), served="lanes-2026-11-01", candidate="lanes-2026-11-01", promoted=True
+    )
+    rejected = LearningPoint(day=date(2026, 11, 2), served="lanes-2026-11-01", candidate="lanes-2026-11-02")
+    quiet = LearningPoint(day=date(2026, 11, 3), served="lanes-2026-11-01", note="no training rows")
+    by_figure = {c.figure: c for c in _served_vs_base(store, [promoted, rejected, quiet])}
+    # day 2 is the last judged day; the alias still serves day 1's adapter, its label there is "current"
+    exact = by_figure["completion_exact_match"]
+    assert (exact.n, exact.wins, exact.losses, exact.difference) == (10, 3, 0, 0.3)
+    assert _served_vs_base(store, [promoted])[1].wins == 3  # day 1: the promoted candidate
+    first = LearningPoint(day=date(2026, 11, 1), served="base", candidate="lanes-2026-11-01")
+    assert _served_vs_base(store, [first]) == []  # the base is served: nothing to pair
