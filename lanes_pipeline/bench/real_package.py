@@ -38,6 +38,7 @@ from pydantic import Field
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.assets.common import read_results
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedTestRow
+from lanes_pipeline.embedded.engines import pip_sdist_download
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.repos.scan import symbols_at
 from lanes_pipeline.repos.snapshot import LeftOut, Snapshot
@@ -153,17 +154,9 @@ def download_sdist(package: str, version: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     argv = [
         sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
+        *pip_sdist_download(f"{package}=={version}", folder),
         "--no-input",
         "--disable-pip-version-check",
-        f"{package}=={version}",
-        "-d",
-        str(folder),
     ]
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)

@@ -302,25 +302,17 @@ def _first_line(command: list[str]) -> str:
     return lines[0].strip() if lines else "unknown"
 
 
+def pip_sdist_download(requirement: str, folder: Path) -> tuple[str, ...]:
+    """pip's arguments (after the interpreter) that download `requirement`'s source distribution alone:
+    no wheel, no dependencies (pip's cache makes a second time quick)."""
+    return ("-m", "pip", "download", "--no-deps", "--no-binary", ":all:", requirement, "-d", str(folder))
+
+
 def _unpack_sdist(build: IkBuild, log: IO[str], log_path: Path) -> Path:
     """Download the sdist (pip's cache makes a second time quick) and unpack it afresh; return ik's tree."""
     sdist_dir, src_dir = build.root() / "sdist", build.root() / "src"
     _run_logged(
-        "download",
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            build.requirement,
-            "-d",
-            str(sdist_dir),
-        ],
-        log,
-        log_path,
+        "download", [sys.executable, *pip_sdist_download(build.requirement, sdist_dir)], log, log_path
     )
     name = build.requirement.split("==")[0].replace("-", "_")
     archives = sorted(sdist_dir.glob(f"{name}-*.tar.gz"))

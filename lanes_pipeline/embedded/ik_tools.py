@@ -36,17 +36,7 @@ def ik_tools_engine() -> engines.Engine:
         steps=(
             ("-m", "pip", "install", "--no-deps", IK_TOOLS_PACKAGE, "sentencepiece"),
             # The sdist, for ik's tree (the converter and its gguf-py); unpacked beside the venv below.
-            (
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                IK_TOOLS_PACKAGE,
-                "-d",
-                str(sdist),
-            ),
+            engines.pip_sdist_download(IK_TOOLS_PACKAGE, sdist),
         ),
     )
 
