@@ -11,7 +11,6 @@ import yaml
 from click.testing import CliRunner
 
 from lanes_pipeline.bench import trials as trials_bench
-from lanes_pipeline.bench.trials import trial_row, workload_line
 from lanes_pipeline.cli import main
 from lanes_pipeline.config.trials import TrialSpec, load_trials
 from lanes_pipeline.observatory import trials as trials_module
@@ -176,11 +175,11 @@ def test_compare_table_and_chart(tmp_path: Path) -> None:
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no measured trial"):
         write_chart(rows[1:], tmp_path / "none.png")
-    row = trial_row(record("a"))
+    row = trials_bench.trial_row(record("a"))
     assert (row.generation_tok_s, row.pf, row.interference, row.error) == (54.0, 400.0, 0.8, None)
     assert (row.moe, row.active_params_b, row.total_params_b, row.pf_total) == (None, None, None, None)
-    assert trial_row(record("b", ok=False)).ttft_s is None
-    moe_row = trial_row(record("m", params=MOE_PARAMS))
+    assert trials_bench.trial_row(record("b", ok=False)).ttft_s is None
+    moe_row = trials_bench.trial_row(record("m", params=MOE_PARAMS))
     assert (moe_row.moe, moe_row.active_params_b, moe_row.total_params_b) == (True, 0.2, 0.4)
     assert (moe_row.pf, moe_row.pf_total) == (400.0, 135.0)  # 54 tok/s per 0.4 B in all
 
@@ -305,12 +304,12 @@ def test_a_trial_s_parameters_come_from_its_gguf_else_from_models_yaml(
 
 
 def test_the_benchmark_says_what_each_figure_was_measured_on() -> None:
-    line = workload_line("small", WORKLOADS["small"])
+    line = trials_bench.workload_line("small", WORKLOADS["small"])
     assert line.startswith(
         "Workload `small` (`LANES_BENCH_TRIALS_WORKLOAD`): TTFT and TG from 1 streamed answer(s)"
     )
     assert "of 12 tokens, PP from 1 prompt(s) of 4 code blocks, TG@slots from 1 request(s) per slot" in line
-    assert "of 32 tokens" in workload_line("default", WORKLOADS["default"])
+    assert "of 32 tokens" in trials_bench.workload_line("default", WORKLOADS["default"])
 
 
 def test_an_unknown_workload_is_refused_by_name_before_any_server_starts(
