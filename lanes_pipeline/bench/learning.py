@@ -249,7 +249,7 @@ def summarize(
     statuses = [v.status for v in registry.versions()]
     promotions = statuses.count("promoted") + statuses.count("retired")  # retired: promoted, then replaced
     last = points[-1] if points else None
-    measured = next((p for p in reversed(points) if p.candidate is not None), None)
+    measured = last_judged(points)
     base = measured.base if measured else None
     served = measured.served_figures if measured else None
     figures = {
@@ -277,6 +277,11 @@ def summarize(
         "curve": [p.model_dump(mode="json") for p in points],
         "targets": targets(figures["base"], figures["served"], paired, promotions),
     }
+
+
+def last_judged(points: Sequence[LearningPoint]) -> LearningPoint | None:
+    """The last day whose candidate was judged (the figures and answers the report reads)."""
+    return next((p for p in reversed(points) if p.candidate is not None), None)
 
 
 def summary_markdown(out: dict[str, Any], days_in_sample: int) -> str:
@@ -334,7 +339,7 @@ def _kept_answers(store: ArtifactStore, points: Sequence[LearningPoint], target:
 def _served_vs_base(store: ArtifactStore, points: Sequence[LearningPoint]) -> list[PairedComparison]:
     """Every figure of the served model against the base's on the last judged day, from its answers
     (none when the alias serves the base)."""
-    measured = next((p for p in reversed(points) if p.candidate is not None), None)
+    measured = last_judged(points)
     label = measured.served_label() if measured else None
     if measured is None or label is None:
         return []

@@ -223,11 +223,18 @@ class LearningPoint(BaseModel):
     requests: int | None = Field(None, description="answers asked of vLLM that day (not the reused ones)")
 
     def served_label(self) -> str | None:
-        """The served model's label in the day's answers: 'candidate' when promoted that day, 'current'
-        when an earlier adapter still serves, None when the alias serves the base."""
-        if self.promoted and self.candidate is not None:
-            return "candidate"
-        return None if self.served == "base" else "current"
+        """The served model's label in the day's answers (None: the alias serves the base)."""
+        current = None if self.served == "base" else self.served
+        label = serving_label(self.promoted, self.candidate, current)
+        return None if label == "base" else label
+
+
+def serving_label(promoted: bool, candidate: str | None, current: str | None) -> str:
+    """What the alias serves after a day, as a label of the day's models: 'candidate' when promoted,
+    else 'current' when an earlier adapter is served, else 'base'."""
+    if promoted and candidate is not None:
+        return "candidate"
+    return "current" if current is not None else "base"
 
 
 def learning_point(
@@ -243,19 +250,14 @@ def learning_point(
     """The day's point: served = the candidate when promoted, else the current adapter, else the base."""
     promoted = bool(decision and decision.promote)
     base = figures.get("base", Figures())
-    if promoted and candidate is not None:
-        served, served_figures = candidate, figures.get("candidate", Figures())
-    elif current is not None:
-        served, served_figures = current, figures.get("current", Figures())
-    else:
-        served, served_figures = "base", base
+    label = serving_label(promoted, candidate, current)
     return LearningPoint(
         day=day,
-        served=served,
+        served={"candidate": candidate, "current": current}.get(label) or "base",
         candidate=candidate,
         promoted=promoted,
         base=base,
-        served_figures=served_figures,
+        served_figures=figures.get(label, Figures()),
         candidate_figures=figures.get("candidate", Figures()),
         primary_figure=decision.primary if decision else None,
         p_value=decision.primary_p_value() if decision else None,
