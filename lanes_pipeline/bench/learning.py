@@ -8,10 +8,12 @@ symbols, LoRA training, executed evaluation, promotion. Then, on the same vLLM:
   learning.json, and `days`: each day's decision with its primary figure's paired test (p-value, wins,
   losses, ties against the model it had to beat) and the seconds its evaluation took;
 - `tasks`: the task sets' sizes of the last judged day (`repo`, `anchor`, `completion_points`,
-  `humaneval`);
-- `base` and `served` after the last day: each figure of the last judged day (`repo_pass_rate`,
-  `anchor_pass_rate`, `completion_exact_match`, `completion_edit_similarity`, `eval_loss` and its kinds,
-  `humaneval_pass1` on all 164 problems unless the daily evaluation runs a subset, then on a full run);
+  `humaneval`), and `judge`: the judge the run was sized for (`LANES_LEARNING_JUDGE`, one of
+  learning_variants.JUDGES: `full` by default, 160 anchor tasks and all 164 HumanEval problems; `daily`,
+  the shipped 24 and 24);
+- `base`, `served` and `candidate` after the last day: each figure of the last judged day
+  (`repo_pass_rate`, `anchor_pass_rate`, `completion_exact_match`, `completion_edit_similarity`,
+  `eval_loss` and its kinds, `humaneval_pass1`);
 - `served_vs_base`: every figure of the served model against the base on the last judged day's tasks,
   paired (wins, losses, difference, interval, one-sided p-values by sign test or Wilcoxon): exact match
   too, which the day's decision does not test;
@@ -26,17 +28,20 @@ The CPU lane runs on a smaller budget than the shipped one (CPU_BUDGET, reported
 served before it (`from_current`, against the default's fresh LoRA a day), on the default run's own CPU-lane
 work: in the same data folder after it, every day again with the lever's configs, so the CPU lane answers
 from its caches, and the base's answers come back from the judge's answer cache; only the dataset, the
-training and the candidates' answers are new. Each variant has its own adapter prefix and registry.
+training and the candidates' answers are new. Each variant has its own adapter prefix and registry, and its
+last judged day's candidate is paired against the default's on every figure (`against_default`).
 `LANES_LEARNING_VARIANTS` picks them (by default every lever; `none` for none), and may name whole-run
-variants too (VARIANTS: the CPU budget or the recipe changed, every day from an empty folder: hours).
+variants too (VARIANTS: the CPU budget or the recipe changed, every day from an empty folder: hours). The
+figures so far are written to data/bench/learning_progress.json after the default run and each variant.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -47,6 +52,18 @@ from dagster import DagsterInstance, materialize
 from lanes_pipeline.bench.cpu_lane import _sigterm_unwinds
 from lanes_pipeline.bench.cpu_yield import empty_data_dir, sample_days
 from lanes_pipeline.bench.learning_targets import targets
+from lanes_pipeline.bench.learning_variants import (
+    JUDGES,
+    LEVERS,
+    VARIANTS,
+    against_default,
+    lever_configs,
+    variant_configs,
+    variant_row,
+    variants_markdown,
+    wanted_judge,
+    wanted_variants,
+)
 from lanes_pipeline.bench.real_package import build_release_repo
 from lanes_pipeline.cpu_lane.resources import CpuLaneResource
 from lanes_pipeline.daily.resources import (
@@ -57,12 +74,10 @@ from lanes_pipeline.daily.resources import (
 from lanes_pipeline.definitions import daily_assets
 from lanes_pipeline.embedded.servers import build_server
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
-from lanes_pipeline.gpu_lane.client import VllmClient
 from lanes_pipeline.gpu_lane.evaluation_record import read_answers, read_decision
-from lanes_pipeline.gpu_lane.humaneval import humaneval_pass1, load_problems
 from lanes_pipeline.gpu_lane.learning_report import load_points, markdown_table
 from lanes_pipeline.gpu_lane.paired import PairedComparison
-from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint, served_against_base
+from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint, Scores, served_against_base
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
 from lanes_pipeline.settings import Settings, edit_config_file, load_settings
 from lanes_pipeline.store import ArtifactStore
@@ -80,58 +95,16 @@ SECOND_EXCLUDE = ["test/**", "setup.py", "benchmark.py"]
 # depend on it (its tasks are the repositories' held-out functions); training rows do: the variant
 # `shipped_budget` runs the shipped values.
 CPU_BUDGET: dict[str, Any] = {"pipeline": {"cpu_assets": {"backlog_per_day": 6, "samples_per_item": 2}}}
-# The judge in this benchmark: 160 anchor tasks and all 164 HumanEval problems, where the shipped
-# training.yaml sizes a day for `make run` on two cores (24 of each).
-FULL_JUDGE: dict[str, Any] = {"training": {"evaluation": {"anchor_tasks": 160, "humaneval_problems": None}}}
-# Issue 28's levers, each taken away alone on the default run's CPU-lane work (run_levers).
-LEVERS: dict[str, dict[str, Any]] = {
-    "no_verified_bodies": {"pipeline": {"cpu_assets": {"body_samples": 0}}},
-    "no_completion_rows": {"pipeline": {"dataset": {"completion_cuts": 0}}},
-    "no_replay": {"pipeline": {"dataset": {"replay_functions": 0}}},
-    # 30 fixed steps, lr 2e-4, no warmup, the last step kept: the recipe before epochs and checkpoints.
-    "old_recipe": {
-        "training": {
-            "max_steps": 30,
-            "learning_rate": 2e-4,
-            "warmup_steps": 0,
-            "checkpoints": 1,
-            "validation_percent": 0,
-        }
-    },
-    # Not a lever taken away: each day trained on from the adapter served before it instead of from the base.
-    "from_current": {"training": {"start_from": "current"}},
-}
-# Whole runs from an empty folder, one lever each, on top of CPU_BUDGET.
-VARIANTS: dict[str, dict[str, Any]] = {
-    "shipped_budget": {"pipeline": {"cpu_assets": {"backlog_per_day": 20, "samples_per_item": 4}}},
-    "samples8": {"pipeline": {"cpu_assets": {"samples_per_item": 8}}},
-    "rank16": {"training": {"lora": {"r": 16, "alpha": 32}}},
-    "steps90": {"training": {"max_steps": 90}},
-}
 
 
-def variant_configs(config_dir: Path, changes: dict[str, Any], target: Path) -> Path:
-    """A copy of the config folder with one lever changed (`pipeline` -> pipeline.yaml, `training` ->
-    training.yaml): the assets read their settings from files, so the variant must be files too."""
-    shutil.copytree(config_dir, target)
-    for part, change in changes.items():
-        edit_config_file(target / f"{part}.yaml", change)
-    return target
-
-
-def budget_configs(config_dir: Path, target: Path, variant: dict[str, Any] | None = None) -> Path:
-    """A copy of the config folder with CPU_BUDGET and FULL_JUDGE, then the variant's lever, set."""
-    variant_configs(config_dir, CPU_BUDGET | FULL_JUDGE, target)  # pipeline.yaml and training.yaml
+def budget_configs(
+    config_dir: Path, target: Path, variant: dict[str, Any] | None = None, judge: str = "full"
+) -> Path:
+    """A copy of the config folder with CPU_BUDGET and the judge's sizes (JUDGES), then the variant's
+    lever, set."""
+    variant_configs(config_dir, CPU_BUDGET | JUDGES[judge], target)  # pipeline.yaml and training.yaml
     for part, change in (variant or {}).items():
         edit_config_file(target / f"{part}.yaml", change)
-    return target
-
-
-def lever_configs(config_dir: Path, name: str, target: Path) -> Path:
-    """The run's configs with lever `name` taken away, and adapters of its own (`<name>-<day>`, alias
-    `<name>-current`) beside the default run's on the same vLLM."""
-    variant_configs(config_dir, LEVERS[name], target)
-    edit_config_file(target / "lanes.yaml", {"gpu_lane": {"adapter_prefix": name.replace("_", "-")}})
     return target
 
 
@@ -166,33 +139,6 @@ def _backfill(settings: Settings, resources: dict[str, Any], days: Sequence[str]
         if not result.success:
             failed.append(day)
     return failed
-
-
-def _full_humaneval(settings: Settings, gpu_url: str, served: str) -> dict[str, float]:
-    """All 164 problems for base and served, when the daily evaluation runs a subset (else the last
-    day's figures are the full set's already, and this asks nothing)."""
-    config = settings.training.evaluation
-    if config.humaneval_problems is None:
-        return {}
-    problems = load_problems()
-    limits = settings.pipeline.cpu_assets.sandbox.model_copy(
-        update={"timeout_s": config.timeout_s, "runs": 1}
-    )
-    system = settings.pipeline.dataset.system_prompt
-    rates = {}
-    with VllmClient(gpu_url, timeout_s=600) as client:
-        base = settings.lanes.gpu_lane.served_model_name
-        for label, model in (("base", base), ("served", served)):
-            if label == "served" and model == base:  # nothing promoted: the alias serves the base itself
-                rates[label] = rates["base"]
-                continue
-            rate = humaneval_pass1(client, model, problems, config, limits, system)
-            rates[label] = rate.rate
-            print(
-                f"[bench] learning: HumanEval full set, {label} ({model}): {rate.passed}/{rate.total}",
-                flush=True,
-            )
-    return rates
 
 
 def task_counts(point: LearningPoint | None) -> dict[str, int]:
@@ -237,13 +183,12 @@ def day_decision(point: LearningPoint, decision: Decision | None) -> dict[str, A
 def summarize(
     points: Sequence[LearningPoint],
     registry: AdapterRegistry,
-    humaneval: dict[str, float],
     decisions: dict[str, Decision] | None = None,
     served_vs_base: Sequence[PairedComparison] = (),
 ) -> dict[str, Any]:
-    """The report's figures from the days' points, their decisions, the final HumanEval run and the
-    paired comparisons of served against base on the last judged day (none when it serves the base).
-    Pure."""
+    """The report's figures from the days' points, their decisions and the paired comparisons of served
+    against base on the last judged day (none when it serves the base): base, served and that day's
+    candidate (what a variant's lever moved, whether promoted or not). Pure."""
     decisions = decisions or {}
     paired = {c.figure: c.model_dump(mode="json") for c in served_vs_base}
     statuses = [v.status for v in registry.versions()]
@@ -252,18 +197,19 @@ def summarize(
     measured = last_judged(points)
     base = measured.base if measured else None
     served = measured.served_figures if measured else None
+    candidate = measured.candidate_figures if measured else None
     figures = {
         label: {
             "repo_pass_rate": f.repo_pass_rate if f else None,
             "eval_loss": f.eval_loss if f else None,
-            "humaneval_pass1": humaneval.get(label, f.humaneval_pass1 if f else None),
+            "humaneval_pass1": f.humaneval_pass1 if f else None,
             "anchor_pass_rate": f.anchor_pass_rate if f else None,
             "completion_exact_match": f.completion_exact_match if f else None,
             "completion_edit_similarity": f.completion_edit_similarity if f else None,
             "eval_loss_by_kind": f.eval_loss_by_kind if f else {},
             "intervals": f.intervals if f else {},
         }
-        for label, f in (("base", base), ("served", served))
+        for label, f in (("base", base), ("served", served), ("candidate", candidate))
     }
     return {
         "days": [day_decision(p, decisions.get(p.day.isoformat())) for p in points],
@@ -271,6 +217,7 @@ def summarize(
         "served_version": last.served if last else "base",
         "base": figures["base"],
         "served": figures["served"],
+        "candidate": figures["candidate"],
         "served_vs_base": paired,
         "promotions": promotions,
         "rejections": statuses.count("rejected"),
@@ -378,41 +325,47 @@ def with_release_history(settings: Settings, root: Path) -> Settings:
     return load_settings(configs)
 
 
-def variant_row(name: str, changed: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    """One line of `results.learning.variants`."""
-    keep = (
-        "promotions",
-        "rejections",
-        "served_version",
-        "served",
-        "base",
-        "served_vs_base",
-        "targets",
-        "days",
-        "failed_days",
-    )
-    return {"name": name, "changed": changed} | {k: run[k] for k in keep if k in run}
+def _last_scores(store: ArtifactStore, points: Sequence[LearningPoint]) -> dict[str, Scores]:
+    """The last judged day's scores by label (none when no day was judged)."""
+    measured = last_judged(points)
+    return read_answers(store, measured.day.isoformat()).scores() if measured else {}
 
 
 def run_levers(
-    fresh: Settings, root: Path, cpu_url: str, gpu_url: str, names: Sequence[str]
+    fresh: Settings,
+    root: Path,
+    urls: tuple[str, str],
+    names: Sequence[str],
+    default: dict[str, Scores],
+    progress: Callable[[dict[str, Any]], None],
 ) -> list[dict[str, Any]]:
-    """Each lever taken away in turn, on the CPU-lane work the default run left in `root` (run_once)."""
+    """Each lever taken away in turn, on the CPU-lane work the default run left in `root` (run_once), its
+    candidate paired against the default's (`default`: the default run's last judged day's scores);
+    `progress` is given each row as it is measured."""
     rows = []
     for name in names:
         print(f"[bench] learning: variant {name}: {LEVERS[name]}", flush=True)
         settings = load_settings(lever_configs(fresh.config_dir, name, root / f"configs-{name}"))
-        resources = _resources(settings, root, cpu_url, gpu_url, adapters=f"adapters-{name}")
+        resources = _resources(settings, root, *urls, adapters=f"adapters-{name}")
         failed = _backfill(settings, resources, bench_days())
         store = ArtifactStore(root / "artifacts")
         points = load_points(store)
         registry = resources["adapter_registry"].registry()
-        out = summarize(points, registry, {}, _decisions(store, points), _served_vs_base(store, points))
+        out = summarize(points, registry, _decisions(store, points), _served_vs_base(store, points))
+        paired = against_default(_last_scores(store, points), default)
+        out["against_default"] = {c.figure: c.model_dump(mode="json") for c in paired}
         rows.append(variant_row(name, LEVERS[name], out | {"failed_days": failed}))
+        progress({"variants": rows})
     return rows
 
 
-def run_once(settings: Settings, levers: Sequence[str] = ()) -> dict[str, Any]:
+def _nowhere(so_far: dict[str, Any]) -> None:
+    """A whole-run variant's progress: its row is written when it ends."""
+
+
+def run_once(
+    settings: Settings, levers: Sequence[str] = (), progress: Callable[[dict[str, Any]], None] = _nowhere
+) -> dict[str, Any]:
     with empty_data_dir(settings.data_dir) as root:
         fresh = with_release_history(load_settings(settings.config_dir), root)
         cpu, gpu = (
@@ -428,19 +381,20 @@ def run_once(settings: Settings, levers: Sequence[str] = ()) -> dict[str, Any]:
             points = load_points(store)
             decisions = _decisions(store, points)
             registry = resources["adapter_registry"].registry()
-            served = points[-1].served if points else "base"
-            model = fresh.lanes.gpu_lane.served_model_name if served == "base" else gpu_alias(fresh)
-            humaneval = _full_humaneval(fresh, gpu.url, model)
             # the registry and the answers live in the temporary folder: everything is read before it goes
-            out = summarize(points, registry, humaneval, decisions, _served_vs_base(store, points))
+            out = summarize(points, registry, decisions, _served_vs_base(store, points))
             out["answers"] = _kept_answers(store, points, settings.data_dir / "bench" / "learning_answers")
+            out["failed_days"] = failed
+            progress(out)
             table = markdown_table(points) if points else "no day was evaluated"
             markdown = summary_markdown(out, len(sample_days())) + table
-            out["variants"] = run_levers(fresh, root, cpu.url, gpu.url, levers)
+            default = _last_scores(store, points)
+            out["variants"] = run_levers(
+                fresh, root, (cpu.url, gpu.url), levers, default, lambda p: progress(out | p)
+            )
         finally:
             gpu.stop()
             cpu.stop()
-    out["failed_days"] = failed
     out["markdown"] = markdown
     return out
 
@@ -462,32 +416,40 @@ def gpu_alias(settings: Settings) -> str:
     return GpuLaneResource.from_config(settings.lanes.gpu_lane).alias_name
 
 
-def wanted_variants(value: str | None) -> list[str]:
-    """`LANES_LEARNING_VARIANTS`: unset, every lever; `none`, none; else the names, comma-separated."""
-    if value is None:
-        return list(LEVERS)
-    if value.strip() == "none":
-        return []
-    wanted = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [v for v in wanted if v not in LEVERS and v not in VARIANTS]
-    if unknown:
-        known = sorted([*LEVERS, *VARIANTS])
-        raise ValueError(f"LANES_LEARNING_VARIANTS: unknown {unknown}; known: {known}, or none")
-    return wanted
+def progress_writer(path: Path) -> Callable[[dict[str, Any]], None]:
+    """Writes the run's figures so far to `path` (data/bench/learning_progress.json) after the default
+    run and after each variant: a run of hours stopped midway keeps what it measured."""
+
+    def write(so_far: dict[str, Any]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(so_far, indent=1, default=str) + "\n", encoding="utf-8")
+        print(f"[bench] learning: figures so far in {path}", flush=True)
+
+    return write
 
 
 def run(settings: Settings) -> dict[str, Any]:
     wanted = wanted_variants(os.environ.get("LANES_LEARNING_VARIANTS"))
+    judge = wanted_judge(os.environ.get("LANES_LEARNING_JUDGE"))
+    progress = progress_writer(settings.data_dir / "bench" / "learning_progress.json")
     with _sigterm_unwinds():
         with tempfile.TemporaryDirectory(prefix="lanes-learning-") as folder:
-            configs = budget_configs(settings.config_dir, Path(folder) / "configs")
-            result = run_once(load_settings(configs), [v for v in wanted if v in LEVERS])
+            configs = budget_configs(settings.config_dir, Path(folder) / "configs", judge=judge)
+            evaluation = load_settings(configs).training.evaluation
+            result = run_once(load_settings(configs), [v for v in wanted if v in LEVERS], progress)
+        result["judge"] = {
+            "name": judge,
+            "anchor_tasks": evaluation.anchor_tasks,
+            "humaneval_problems": evaluation.humaneval_problems,
+        }
         result["cpu_budget"] = CPU_BUDGET["pipeline"]["cpu_assets"]
         result["days_run"] = bench_days()
         for name in [v for v in wanted if v in VARIANTS]:
             print(f"[bench] learning: variant {name}: {VARIANTS[name]}", flush=True)
             with tempfile.TemporaryDirectory(prefix=f"lanes-learning-{name}-") as folder:
-                configs = budget_configs(settings.config_dir, Path(folder) / "configs", VARIANTS[name])
+                configs = budget_configs(settings.config_dir, Path(folder) / "configs", VARIANTS[name], judge)
                 variant = run_once(load_settings(configs))
             result["variants"].append(variant_row(name, VARIANTS[name], variant))
+            progress(result)
+    result["markdown"] += variants_markdown(result["variants"], result)
     return result

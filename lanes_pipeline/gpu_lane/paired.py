@@ -31,7 +31,7 @@ class PairedComparison(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     figure: str
-    against: str = Field(description="the reference: 'base' or 'current'")
+    against: str = Field(description="the reference: 'base', 'current', or the learning bench's 'default'")
     n: int = Field(description="tasks both models were scored on")
     wins: int = Field(description="tasks where the candidate scored better")
     losses: int

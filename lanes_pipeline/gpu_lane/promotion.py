@@ -182,24 +182,23 @@ def paired_decision(
     return Decision(promote=ok, reasons=reasons, primary=primary, comparisons=comparisons)
 
 
+def every_figure(mine: Scores, theirs: Scores, against: str) -> list[PairedComparison]:
+    """Every figure of one model's scores against another's, paired by task, by the decision's tests
+    (exact sign test for pass/fail, Wilcoxon for graded); a figure neither was scored on is empty."""
+    return [
+        compare(name, against, mine.get(name, {}), theirs.get(name, {}), spec.kind, spec.higher_is_better)
+        for name, spec in FIGURES.items()
+    ]
+
+
 def served_against_base(scores: Mapping[str, Scores], served: str) -> list[PairedComparison]:
     """Every figure of the model the alias serves against the base's, paired on the day's tasks: what the
     user gained. `served` is its label in `scores` ('candidate' when promoted that day, 'current' when an
     earlier adapter still serves). The decision tests the primary figure and guards only; this tests
-    every figure, exact match among them, the same way (sign test, Wilcoxon)."""
+    every figure, exact match among them, the same way."""
     if served not in scores or "base" not in scores:
         raise ValueError(f"no answers of {served!r} and 'base' to pair: the labels are {sorted(scores)}")
-    return [
-        compare(
-            name,
-            "base",
-            scores[served].get(name, {}),
-            scores["base"].get(name, {}),
-            spec.kind,
-            spec.higher_is_better,
-        )
-        for name, spec in FIGURES.items()
-    ]
+    return every_figure(scores[served], scores["base"], "base")
 
 
 class LearningPoint(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from pathlib import Path
 
@@ -9,16 +10,12 @@ import pytest
 
 from lanes_pipeline.bench.learning import (
     CPU_BUDGET,
-    LEVERS,
     _served_vs_base,
     bench_days,
     budget_configs,
-    lever_configs,
+    progress_writer,
     summarize,
     summary_markdown,
-    variant_configs,
-    variant_row,
-    wanted_variants,
 )
 from lanes_pipeline.bench.learning_targets import targets
 from lanes_pipeline.gpu_lane.adapters import AdapterRegistry
@@ -103,6 +100,7 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
             promoted=True,
             base=Figures(eval_loss=2.0, repo_pass_rate=0.1),
             served_figures=Figures(eval_loss=1.0, repo_pass_rate=0.2),
+            candidate_figures=Figures(eval_loss=1.0, repo_pass_rate=0.2, completion_exact_match=0.5),
             evaluation_s=512.5,
             requests=900,
         ),
@@ -121,9 +119,7 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
         "completion_exact_match", "base", {"p0": 1.0, "p1": 0.0}, {"p0": 0.0, "p1": 0.0}, "pass_fail"
     )
     unmeasured = compare("eval_loss", "base", {}, {}, "graded")
-    out = summarize(
-        points, registry, {"base": 0.0, "served": 0.0}, {"2026-11-02": decision}, [exact, unmeasured]
-    )
+    out = summarize(points, registry, {"2026-11-02": decision}, [exact, unmeasured])
     assert [d["day"] for d in out["days"]] == ["2026-11-01", "2026-11-02", "2026-11-03"]
     assert out["days"][0]["decision"] == "no adapter" and out["days"][0]["p_value"] is None
     judged = out["days"][1]
@@ -137,9 +133,10 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
     assert (out["base"]["repo_pass_rate"], out["base"]["eval_loss"], out["base"]["humaneval_pass1"]) == (
         0.1,
         2.0,
-        0.0,
+        None,  # not measured that day
     )
     assert (out["served"]["repo_pass_rate"], out["served"]["eval_loss"]) == (0.2, 1.0)
+    assert out["candidate"]["completion_exact_match"] == 0.5 and set(out["candidate"]) == set(out["base"])
     assert out["tasks"] == {"repo": 0, "anchor": 0, "completion_points": 0, "humaneval": 0}
     assert out["promotions"] == 0 and out["rejections"] == 0  # the registry is empty here
     assert out["targets"]["repo_pass_rate_at_least_base_plus_10_points"]["met"] is True
@@ -165,15 +162,6 @@ def test_summary_reads_the_last_judged_day_and_counts_decisions(tmp_path: Path) 
     ]  # a figure not measured is left out
 
 
-def test_a_variant_changes_one_lever_in_a_copy_of_the_configs(tmp_path: Path) -> None:
-    folder = variant_configs(default_config_dir(), {"training": {"lora": {"r": 16}}}, tmp_path / "configs")
-    changed, shipped = load_settings(folder).training, load_settings(default_config_dir()).training
-    assert changed.lora.r == 16
-    assert changed.model_copy(update={"lora": shipped.lora}) == shipped  # the rest stays
-    assert changed.lora.model_copy(update={"r": shipped.lora.r}) == shipped.lora
-    assert load_settings(default_config_dir()).training.lora.r == 8  # the shipped configs are untouched
-
-
 def test_the_run_takes_the_cpu_budget_and_the_full_judge_and_a_variant_sets_its_lever_over_it(
     tmp_path: Path,
 ) -> None:
@@ -195,6 +183,21 @@ def test_the_run_takes_the_cpu_budget_and_the_full_judge_and_a_variant_sets_its_
     assert changed.pipeline.cpu_assets.samples_per_item == 8
     assert changed.pipeline.cpu_assets.backlog_per_day == budget["backlog_per_day"]
     assert changed.training.max_steps == 90
+    # the daily judge: the shipped training.yaml's task sets, with the CPU budget as before
+    daily = load_settings(budget_configs(default_config_dir(), tmp_path / "daily", judge="daily"))
+    assert daily.training.evaluation == shipped_judge
+    assert daily.pipeline.cpu_assets.backlog_per_day == budget["backlog_per_day"]
+
+
+def test_the_figures_so_far_are_written_where_a_stopped_run_leaves_them(tmp_path: Path) -> None:
+    path = tmp_path / "bench" / "learning_progress.json"
+    write = progress_writer(path)
+    write({"promotions": 1, "variants": []})
+    write({"promotions": 1, "variants": [{"name": "no_replay", "day": date(2026, 11, 1)}]})
+    assert json.loads(path.read_text()) == {
+        "promotions": 1,
+        "variants": [{"name": "no_replay", "day": "2026-11-01"}],
+    }
 
 
 def test_a_shorter_run_takes_the_first_days(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,39 +210,6 @@ def test_a_shorter_run_takes_the_first_days(monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setenv("LANES_LEARNING_DAYS", wrong)
         with pytest.raises(ValueError, match="LANES_LEARNING_DAYS"):
             bench_days()
-
-
-def test_each_lever_variant_takes_one_lever_away_under_its_own_adapter_names(tmp_path: Path) -> None:
-    run = budget_configs(default_config_dir(), tmp_path / "run")
-    default = load_settings(run)
-    assert default.pipeline.cpu_assets.body_samples > 0 and default.pipeline.dataset.completion_cuts > 0
-    assert default.pipeline.dataset.replay_functions > 0 and default.training.max_steps is None
-    taken = {
-        "no_verified_bodies": lambda s: s.pipeline.cpu_assets.body_samples == 0,
-        "no_completion_rows": lambda s: s.pipeline.dataset.completion_cuts == 0,
-        "no_replay": lambda s: s.pipeline.dataset.replay_functions == 0,
-        "old_recipe": lambda s: (
-            (s.training.max_steps, s.training.learning_rate, s.training.checkpoints) == (30, 2e-4, 1)
-        ),
-        "from_current": lambda s: s.training.start_from == "current",
-    }
-    assert set(taken) == set(LEVERS)
-    for name, lever_away in taken.items():
-        variant = load_settings(lever_configs(run, name, tmp_path / name))
-        assert lever_away(variant) and not lever_away(default), name
-        # its own adapters beside the default run's on the same vLLM; the CPU budget stays
-        assert variant.lanes.gpu_lane.alias_name == f"{name.replace('_', '-')}-current"
-        assert variant.pipeline.cpu_assets.backlog_per_day == default.pipeline.cpu_assets.backlog_per_day
-
-
-def test_the_variants_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert wanted_variants(None) == list(LEVERS)
-    assert wanted_variants("none") == []
-    assert wanted_variants("no_replay, shipped_budget") == ["no_replay", "shipped_budget"]
-    with pytest.raises(ValueError, match=r"LANES_LEARNING_VARIANTS: unknown \['no_such'\]"):
-        wanted_variants("no_replay,no_such")
-    row = variant_row("no_replay", LEVERS["no_replay"], {"promotions": 1, "served": {"a": 1}, "curve": []})
-    assert row == {"name": "no_replay", "changed": LEVERS["no_replay"], "promotions": 1, "served": {"a": 1}}
 
 
 def completion_answers(matched: int, n: int = 10) -> ModelAnswers:
