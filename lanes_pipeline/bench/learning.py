@@ -57,6 +57,7 @@ from lanes_pipeline.bench.learning_variants import (
     LEVERS,
     VARIANTS,
     against_default,
+    judge_line,
     lever_configs,
     variant_configs,
     variant_row,
@@ -451,5 +452,9 @@ def run(settings: Settings) -> dict[str, Any]:
                 variant = run_once(load_settings(configs))
             result["variants"].append(variant_row(name, VARIANTS[name], variant))
             progress(result)
-    result["markdown"] += variants_markdown(result["variants"], result)
+    result["markdown"] = (
+        judge_line(judge, evaluation.anchor_tasks, evaluation.humaneval_problems)
+        + result["markdown"]
+        + variants_markdown(result["variants"], result)
+    )
     return result

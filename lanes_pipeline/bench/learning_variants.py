@@ -57,6 +57,16 @@ def wanted_judge(value: str | None) -> str:
     return name
 
 
+def judge_line(name: str, anchor_tasks: int | None, humaneval_problems: int | None) -> str:
+    """The report's first line: the judge the run was sized for (None: every task of the set)."""
+    anchor = "every" if anchor_tasks is None else str(anchor_tasks)
+    humaneval = "all 164" if humaneval_problems is None else str(humaneval_problems)
+    return (
+        f"Judge `{name}` (LANES_LEARNING_JUDGE): {anchor} anchor tasks, {humaneval} HumanEval problems, "
+        "every completion point and repository task.\n"
+    )
+
+
 def wanted_variants(value: str | None) -> list[str]:
     """`LANES_LEARNING_VARIANTS`: unset, every lever; `none`, none; else the names, comma-separated."""
     if value is None:

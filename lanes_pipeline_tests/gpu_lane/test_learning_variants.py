@@ -12,6 +12,7 @@ from lanes_pipeline.bench.learning_variants import (
     JUDGES,
     LEVERS,
     against_default,
+    judge_line,
     lever_configs,
     variant_configs,
     variant_row,
@@ -65,6 +66,10 @@ def test_the_variants_and_the_judge_asked_for() -> None:
     assert set(JUDGES) == {"full", "daily"}
     with pytest.raises(ValueError, match="LANES_LEARNING_JUDGE: unknown 'small'; known: full, daily"):
         wanted_judge("small")
+    assert judge_line("full", 160, None).startswith(
+        "Judge `full` (LANES_LEARNING_JUDGE): 160 anchor tasks, all 164"
+    )
+    assert "24 anchor tasks, 24 HumanEval problems" in judge_line("daily", 24, 24)
     row = variant_row("no_replay", LEVERS["no_replay"], {"promotions": 1, "served": {"a": 1}, "curve": []})
     assert row == {"name": "no_replay", "changed": LEVERS["no_replay"], "promotions": 1, "served": {"a": 1}}
 
