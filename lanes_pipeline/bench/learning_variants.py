@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lanes_pipeline.gpu_lane.paired import PairedComparison
-from lanes_pipeline.gpu_lane.promotion import Scores, every_figure
+from lanes_pipeline.gpu_lane.promotion import FIGURES, Scores, every_figure
 from lanes_pipeline.settings import edit_config_file
 
 # Issue 28's levers, each taken away alone on the default run's CPU-lane work (learning.run_levers).
@@ -127,23 +127,13 @@ def variant_row(name: str, changed: dict[str, Any], run: dict[str, Any]) -> dict
     return {"name": name, "changed": changed} | {k: run[k] for k in keep if k in run}
 
 
-FIGURE_ORDER = (
-    "completion_edit_similarity",
-    "completion_exact_match",
-    "repo_pass_rate",
-    "anchor_pass_rate",
-    "humaneval_pass1",
-    "eval_loss",
-)
-
-
 def variants_markdown(rows: Sequence[dict[str, Any]], default: dict[str, Any]) -> str:
     """The variants' table: each variant's candidate on the last judged day, every figure as its value and
     its paired difference from the default run's candidate with the one-sided p-values (better / worse), and
     whether it was promoted. Pure."""
     if not rows:
         return ""
-    header = ["variant", "promotions", *FIGURE_ORDER]
+    header = ["variant", "promotions", *FIGURES]
     lines = [
         "Which lever moved what: each variant's candidate against the default run's candidate on the last "
         "judged day's tasks (value, paired difference, one-sided p better / worse; eval loss: lower is "
@@ -156,12 +146,12 @@ def variants_markdown(rows: Sequence[dict[str, Any]], default: dict[str, Any]) -
     lines.append(
         "| default | "
         + f"{default.get('promotions', 0)} | "
-        + " | ".join(_value(figures.get(f)) for f in FIGURE_ORDER)
+        + " | ".join(_value(figures.get(f)) for f in FIGURES)
         + " |"
     )
     for row in rows:
         paired = row.get("against_default") or {}
-        cells = [_paired_cell(paired.get(f), (row.get("candidate") or {}).get(f)) for f in FIGURE_ORDER]
+        cells = [_paired_cell(paired.get(f), (row.get("candidate") or {}).get(f)) for f in FIGURES]
         lines.append(f"| {row['name']} | {row.get('promotions', 0)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n"
 
