@@ -18,7 +18,8 @@ symbols, LoRA training, executed evaluation, promotion. Then, on the same vLLM:
   paired (wins, losses, difference, interval, one-sided p-values by sign test or Wilcoxon): exact match
   too, which the day's decision does not test;
 - `promotions`, `rejections`, the issues' targets with their gaps (learning_targets), and `answers`: every
-  judged day's answers.json, copied out of the temporary data folder to data/bench/learning_answers/.
+  judged day's answers.json, copied out of the temporary data folder to data/bench/learning_answers/ (a
+  variant's to learning_answers/<variant>/).
 
 The CPU lane runs on a smaller budget than the shipped one (CPU_BUDGET, reported as `cpu_budget`);
 `LANES_LEARNING_DAYS=N` runs the first N days only (reported as `days_run`).
@@ -339,10 +340,11 @@ def run_levers(
     names: Sequence[str],
     default: dict[str, Scores],
     progress: Callable[[dict[str, Any]], None],
+    kept: Path,
 ) -> list[dict[str, Any]]:
     """Each lever taken away in turn, on the CPU-lane work the default run left in `root` (run_once), its
-    candidate paired against the default's (`default`: the default run's last judged day's scores);
-    `progress` is given each row as it is measured."""
+    candidate paired against the default's (`default`: the default run's last judged day's scores), its
+    answers kept under `kept`/<name>; `progress` is given each row as it is measured."""
     rows = []
     for name in names:
         print(f"[bench] learning: variant {name}: {LEVERS[name]}", flush=True)
@@ -355,6 +357,7 @@ def run_levers(
         out = summarize(points, registry, _decisions(store, points), _served_vs_base(store, points))
         paired = against_default(_last_scores(store, points), default)
         out["against_default"] = {c.figure: c.model_dump(mode="json") for c in paired}
+        out["answers"] = _kept_answers(store, points, kept / name)
         rows.append(variant_row(name, LEVERS[name], out | {"failed_days": failed}))
         progress({"variants": rows})
     return rows
@@ -384,14 +387,15 @@ def run_once(
             registry = resources["adapter_registry"].registry()
             # the registry and the answers live in the temporary folder: everything is read before it goes
             out = summarize(points, registry, decisions, _served_vs_base(store, points))
-            out["answers"] = _kept_answers(store, points, settings.data_dir / "bench" / "learning_answers")
+            kept = settings.data_dir / "bench" / "learning_answers"
+            out["answers"] = _kept_answers(store, points, kept)
             out["failed_days"] = failed
             progress(out)
             table = markdown_table(points) if points else "no day was evaluated"
             markdown = summary_markdown(out, len(sample_days())) + table
             default = _last_scores(store, points)
             out["variants"] = run_levers(
-                fresh, root, (cpu.url, gpu.url), levers, default, lambda p: progress(out | p)
+                fresh, root, (cpu.url, gpu.url), levers, default, lambda p: progress(out | p), kept
             )
         finally:
             gpu.stop()

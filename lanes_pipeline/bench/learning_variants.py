@@ -120,6 +120,7 @@ def variant_row(name: str, changed: dict[str, Any], run: dict[str, Any]) -> dict
         "base",
         "served_vs_base",
         "against_default",
+        "answers",
         "targets",
         "days",
         "failed_days",
