@@ -82,6 +82,7 @@ from lanes_pipeline.gpu_lane.paired import PairedComparison
 from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint, Scores, served_against_base
 from lanes_pipeline.gpu_lane.resources import AdapterRegistryResource, GpuLaneResource
 from lanes_pipeline.settings import Settings, edit_config_file, load_settings
+from lanes_pipeline.steps import STOP_REQUESTED
 from lanes_pipeline.store import ArtifactStore
 
 # The second repository: tabulate's latest release (one module of about 60 functions, pure Python, its tests
@@ -129,7 +130,8 @@ def _resources(
 
 
 def _backfill(settings: Settings, resources: dict[str, Any], days: Sequence[str]) -> list[str]:
-    """Every daily asset, day after day; the days whose run failed (the bench goes on: it reports them)."""
+    """Every daily asset, day after day; the days whose run failed (the bench goes on: it reports them).
+    A stop (a step interrupted by SIGTERM or Ctrl-C) ends the benchmark instead, with no report entry."""
     assets = list(daily_assets(settings).values())
     instance = DagsterInstance.ephemeral()
     failed = []
@@ -137,6 +139,8 @@ def _backfill(settings: Settings, resources: dict[str, Any], days: Sequence[str]
         result = materialize(
             assets, resources=resources, partition_key=day, instance=instance, raise_on_error=False
         )
+        if STOP_REQUESTED.is_set():  # a step was interrupted (SIGTERM, Ctrl-C): a stop, not a failed day
+            raise KeyboardInterrupt
         print(f"[bench] learning: {day} {'materialized' if result.success else 'FAILED'}", flush=True)
         if not result.success:
             failed.append(day)

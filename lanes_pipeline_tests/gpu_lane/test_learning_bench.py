@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from datetime import date
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from lanes_pipeline.bench import learning
 from lanes_pipeline.bench.learning import (
     CPU_BUDGET,
     _served_vs_base,
@@ -29,6 +31,7 @@ from lanes_pipeline.gpu_lane.judged import EDIT_SIMILARITY, EXACT_MATCH, TaskAns
 from lanes_pipeline.gpu_lane.paired import compare
 from lanes_pipeline.gpu_lane.promotion import Figures, LearningPoint, paired_decision
 from lanes_pipeline.settings import default_config_dir, load_settings
+from lanes_pipeline.steps import STOP_REQUESTED
 from lanes_pipeline.store import ArtifactStore
 
 
@@ -252,3 +255,25 @@ def test_served_against_base_is_read_from_the_last_judged_days_answers_for_the_l
     assert _served_vs_base(store, [promoted])[1].wins == 3  # day 1: the promoted candidate
     first = LearningPoint(day=date(2026, 11, 1), served="base", candidate="lanes-2026-11-01")
     assert _served_vs_base(store, [first]) == []  # the base is served: nothing to pair
+
+
+def test_a_day_stopped_by_a_signal_ends_the_benchmark_instead_of_counting_as_a_failed_day(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[str] = []
+
+    def materialize(assets: list, partition_key: str, **_: object) -> SimpleNamespace:
+        ran.append(partition_key)
+        if partition_key == "2026-11-02":
+            STOP_REQUESTED.set()  # what stopped_step does when SIGTERM interrupts a step
+        return SimpleNamespace(success=partition_key == "2026-11-01")
+
+    monkeypatch.setattr(learning, "materialize", materialize)
+    monkeypatch.setattr(learning, "daily_assets", lambda settings: {})
+    try:
+        assert learning._backfill(None, {}, ["2026-11-01"]) == []
+        with pytest.raises(KeyboardInterrupt):
+            learning._backfill(None, {}, ["2026-11-02", "2026-11-03"])
+    finally:
+        STOP_REQUESTED.clear()
+    assert ran == ["2026-11-01", "2026-11-02"]  # no day after the stop
