@@ -372,8 +372,13 @@ def _nowhere(so_far: dict[str, Any]) -> None:
 
 
 def run_once(
-    settings: Settings, levers: Sequence[str] = (), progress: Callable[[dict[str, Any]], None] = _nowhere
+    settings: Settings,
+    kept: Path,
+    levers: Sequence[str] = (),
+    progress: Callable[[dict[str, Any]], None] = _nowhere,
 ) -> dict[str, Any]:
+    """The days from an empty folder, then `levers` on its CPU-lane work; the judged days' answers are
+    kept under `kept` (a lever's under `kept`/<lever>)."""
     with empty_data_dir(settings.data_dir) as root:
         fresh = with_release_history(load_settings(settings.config_dir), root)
         cpu, gpu = (
@@ -391,7 +396,6 @@ def run_once(
             registry = resources["adapter_registry"].registry()
             # the registry and the answers live in the temporary folder: everything is read before it goes
             out = summarize(points, registry, decisions, _served_vs_base(store, points))
-            kept = settings.data_dir / "bench" / "learning_answers"
             out["answers"] = _kept_answers(store, points, kept)
             out["failed_days"] = failed
             progress(out)
@@ -420,11 +424,6 @@ def bench_days() -> list[str]:
     return days[: int(wanted)]
 
 
-def gpu_alias(settings: Settings) -> str:
-    """The stable alias the served adapter answers under (what editors ask for)."""
-    return GpuLaneResource.from_config(settings.lanes.gpu_lane).alias_name
-
-
 def progress_writer(path: Path) -> Callable[[dict[str, Any]], None]:
     """Writes the run's figures so far to `path` (data/bench/learning_progress.json) after the default
     run and after each variant: a run of hours stopped midway keeps what it measured."""
@@ -441,11 +440,13 @@ def run(settings: Settings) -> dict[str, Any]:
     wanted = wanted_variants(os.environ.get("LANES_LEARNING_VARIANTS"))
     judge = wanted_judge(os.environ.get("LANES_LEARNING_JUDGE"))
     progress = progress_writer(settings.data_dir / "bench" / "learning_progress.json")
+    kept = settings.data_dir / "bench" / "learning_answers"
     with _sigterm_unwinds():
         with tempfile.TemporaryDirectory(prefix="lanes-learning-") as folder:
             configs = budget_configs(settings.config_dir, Path(folder) / "configs", judge=judge)
             evaluation = load_settings(configs).training.evaluation
-            result = run_once(load_settings(configs), [v for v in wanted if v in LEVERS], progress)
+            levers = [v for v in wanted if v in LEVERS]
+            result = run_once(load_settings(configs), kept, levers, progress)
         result["judge"] = {
             "name": judge,
             "anchor_tasks": evaluation.anchor_tasks,
@@ -457,7 +458,7 @@ def run(settings: Settings) -> dict[str, Any]:
             print(f"[bench] learning: variant {name}: {VARIANTS[name]}", flush=True)
             with tempfile.TemporaryDirectory(prefix=f"lanes-learning-{name}-") as folder:
                 configs = budget_configs(settings.config_dir, Path(folder) / "configs", VARIANTS[name], judge)
-                variant = run_once(load_settings(configs))
+                variant = run_once(load_settings(configs), kept / name)
             result["variants"].append(variant_row(name, VARIANTS[name], variant))
             progress(result)
     result["markdown"] = (
