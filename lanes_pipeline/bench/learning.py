@@ -443,10 +443,12 @@ def run(settings: Settings) -> dict[str, Any]:
     kept = settings.data_dir / "bench" / "learning_answers"
     with _sigterm_unwinds():
         with tempfile.TemporaryDirectory(prefix="lanes-learning-") as folder:
-            configs = budget_configs(settings.config_dir, Path(folder) / "configs", judge=judge)
-            evaluation = load_settings(configs).training.evaluation
+            configured = load_settings(
+                budget_configs(settings.config_dir, Path(folder) / "configs", judge=judge)
+            )
+            evaluation = configured.training.evaluation
             levers = [v for v in wanted if v in LEVERS]
-            result = run_once(load_settings(configs), kept, levers, progress)
+            result = run_once(configured, kept, levers, progress)
         result["judge"] = {
             "name": judge,
             "anchor_tasks": evaluation.anchor_tasks,
