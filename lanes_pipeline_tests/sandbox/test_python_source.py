@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from lanes_pipeline.sandbox import python_source
-from lanes_pipeline.sandbox.python_source import parse_python
+from lanes_pipeline.sandbox.python_source import parse_python, python_file_bytes
 
 SOURCE = "def f(x):\n    return [y for y in range(x) if y % 2]\n"
 
@@ -69,3 +69,25 @@ def test_a_collection_during_a_parse_does_not_break_the_tree_being_built() -> No
         gc.set_threshold(*threshold)
         gc.collect()
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "# coding: utf-7\n# +AAo-open('PAYLOAD_RAN', 'w')\n",
+        "#!/usr/bin/env python\n# -*- coding: unicode_escape -*-\nx = 1\n",
+        "# vim: set fileencoding=utf_7 :\nx = 1\n",
+        "\ufeff# coding: utf-7\nx = 1\n",
+        "# coding: latin-1\nx = 1\n",
+    ],
+)
+def test_a_file_python_would_decode_otherwise_than_as_utf8_is_refused(text: str) -> None:
+    data, problem = python_file_bytes(text)
+    assert data == text.encode("utf-8") and problem is not None
+
+
+@pytest.mark.parametrize(
+    "text", ["x = 1\n", "# -*- coding: utf-8 -*-\nx = 'é'\n", "\ufeffx = 1\n", "x = 1\n\n# coding: utf-7\n"]
+)
+def test_utf8_declared_or_not_is_written_as_judged(text: str) -> None:
+    assert python_file_bytes(text) == (text.encode("utf-8"), None)

@@ -11,18 +11,18 @@ else is refused with the reason:
   literal arguments against a literal, or expect a builtin exception from one;
 - a docstring's doctest examples are each one call of the documented symbol with literal arguments, and
   the change of its file is that docstring and nothing else;
-- a refactor adds no import, no call of what reaches code or attributes by name or files
-  (`FORBIDDEN_CALLS`), no dunder name or attribute, no call of a name the module did not call (or define)
-  already, and no `while` loop (the one loop that needs no new call to never end);
-- no change carries a secret or text addressed to a model (`sandbox/safety.py`'s detectors).
+- a refactor changes only its symbol, and its new lines load only allowed values (value_allowlist.py: a
+  rule over what a name holds, not over what a call is named);
+- every file is written as UTF-8 and read back by Python as the text judged here
+  (`python_source.python_file_bytes`: no other encoding declaration);
+- no change carries a secret or text addressed to a model (`sandbox/safety.py`'s detectors), and neither
+  does a commit's message.
 """
 
 from __future__ import annotations
 
 import ast
 import doctest
-from collections import Counter
-from collections.abc import Iterator
 
 from lanes_pipeline.cpu_lane.jobs.docstring_edit import DocstringError, find_node
 from lanes_pipeline.cpu_lane.jobs.oracles import (
@@ -34,31 +34,6 @@ from lanes_pipeline.cpu_lane.jobs.oracles import (
 )
 from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.sandbox.safety import injection_markers, secret_findings
-
-# Calls that reach code, names or files by a string (or stop the interpreter): a refactor adds none, even
-# where the module already makes one (an `open` for reading does not vouch for one that writes).
-FORBIDDEN_CALLS = frozenset(
-    {
-        "getattr",
-        "setattr",
-        "delattr",
-        "hasattr",
-        "vars",
-        "globals",
-        "locals",
-        "dir",
-        "eval",
-        "exec",
-        "compile",
-        "__import__",
-        "breakpoint",
-        "open",
-        "input",
-        "exit",
-        "quit",
-    }
-)
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Generated tests: the regression-oracle shape
@@ -206,96 +181,6 @@ def docstring_change_problem(before: str, after: str, target: str, docstring: st
     except (SyntaxError, DocstringError) as exc:
         return f"{target} cannot be compared before and after: {exc}"
     return None
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Refactors: nothing the module did not already do
-# ---------------------------------------------------------------------------------------------------------
-
-
-def call_name(func: ast.expr) -> str:
-    """How a call is named: `f`, `os.path.join`; `<Call>.index` for a method of a value that is not a
-    name (`sorted(x).index(1)`), `<Lambda>` for a lambda called where it is written."""
-    parts: list[str] = []
-    node = func
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    head = node.id if isinstance(node, ast.Name) else f"<{type(node).__name__}>"
-    return ".".join([head, *reversed(parts)])
-
-
-def _called(tree: ast.AST) -> Iterator[str]:
-    """Every name the module calls, counting what Python calls for it: decorators (`@atexit.register`
-    calls `atexit.register`), class bases and metaclasses."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            yield call_name(node.func)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            for decorator in node.decorator_list:
-                yield "<Call>" if isinstance(decorator, ast.Call) else call_name(decorator)
-        if isinstance(node, ast.ClassDef):
-            yield from (call_name(base) for base in node.bases)
-            yield from (call_name(keyword.value) for keyword in node.keywords)
-
-
-def _defined(tree: ast.AST) -> set[str]:
-    return {
-        node.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-    }
-
-
-def _imports(tree: ast.AST) -> Iterator[str]:
-    yield from (ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom))
-
-
-def _is_dunder(name: str) -> bool:
-    return len(name) > 4 and name.startswith("__") and name.endswith("__")
-
-
-def _dunders(tree: ast.AST) -> Iterator[str]:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and _is_dunder(node.attr):
-            yield f".{node.attr}"
-        elif isinstance(node, ast.Name) and _is_dunder(node.id):
-            yield node.id
-
-
-def _whiles(tree: ast.AST) -> int:
-    return sum(isinstance(node, ast.While) for node in ast.walk(tree))
-
-
-def _forbidden(tree: ast.AST) -> Iterator[str]:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and call_name(node.func).rsplit(".", 1)[-1] in FORBIDDEN_CALLS:
-            yield call_name(node.func)
-
-
-def diff_problems(before: str, after: str) -> list[str]:
-    """What a change of a module adds that a refactor may not (empty: nothing): each kind counted, so a
-    second `open()` in a module that had one is found."""
-    try:
-        new = parse_python(after)
-    except SyntaxError as exc:
-        return [f"does not parse after the diff: line {exc.lineno}: {exc.msg}"]
-    try:
-        old: ast.AST = parse_python(before)
-    except SyntaxError:
-        old = ast.Module(body=[], type_ignores=[])
-    added_imports = Counter(_imports(new)) - Counter(_imports(old))
-    forbidden = Counter(_forbidden(new)) - Counter(_forbidden(old))
-    dunders = Counter(_dunders(new)) - Counter(_dunders(old))
-    loops = _whiles(new) - _whiles(old)
-    known = set(_called(old)) | _defined(new)
-    new_calls = {name for name in _called(new) if name not in known and name not in forbidden}
-    problems = [f"adds an import: {name}" for name in sorted(added_imports)]
-    problems += [f"adds a call of {name}() (code, attributes or files by name)" for name in sorted(forbidden)]
-    problems += [f"adds dunder access: {name}" for name in sorted(dunders)]
-    problems += [f"calls {name}, which the module did not call before" for name in sorted(new_calls)]
-    problems += [f"adds {loops} `while` loop(s)"] if loops > 0 else []
-    return problems
 
 
 # ---------------------------------------------------------------------------------------------------------

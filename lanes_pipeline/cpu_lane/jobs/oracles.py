@@ -41,6 +41,8 @@ from lanes_pipeline.settings import SandboxLimits
 MAX_CALLS = 16
 MAX_CALL_CHARS = 400
 MAX_REPR_CHARS = 400
+# The most items a literal argument or expected value may build (`range`, `bytes(n)`, and what holds them).
+MAX_BUILT_SIZE = 10_000
 # Calls of these builtins may appear inside arguments: they build literal values and nothing else.
 LITERAL_BUILDERS = frozenset({"set", "frozenset", "tuple", "list", "dict", "bytes", "range"})
 PROBE_PATH = ".lanes/oracle_probe.py"
@@ -210,12 +212,49 @@ def literal_problem(node: ast.expr) -> str | None:
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in LITERAL_BUILDERS:
         if node.keywords:
             return f"keywords in {node.func.id}()"
-        return next((p for p in map(literal_problem, node.args) if p), None)
+        problem = next((p for p in map(literal_problem, node.args) if p), None)
+        size = None if problem else built_size(node)
+        if size is not None and size > MAX_BUILT_SIZE:
+            return f"{ast.unparse(node)[:40]} builds {size} items (more than {MAX_BUILT_SIZE})"
+        return problem
     if isinstance(node, ast.Name):
         return f"names a variable ({node.id})"
     if isinstance(node, ast.Attribute):
         return f"attribute access ({ast.unparse(node)[:40]})"
     return f"{type(node).__name__} in an argument"
+
+
+def _int_literal(node: ast.expr) -> int | None:
+    sign = 1
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        sign, node = (-1 if isinstance(node.op, ast.USub) else 1), node.operand
+    return sign * node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
+
+
+def built_size(node: ast.expr) -> int:
+    """How many items (or bytes, or characters) a literal-ish value holds once built, without building
+    it: a short call can ask for gigabytes (`bytes(10**11)` is written `bytes(100000000000)`)."""
+    if isinstance(node, ast.Constant):
+        return len(node.value) if isinstance(node.value, str | bytes) else 1
+    if isinstance(node, ast.UnaryOp):
+        return built_size(node.operand)
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return 1 + sum(built_size(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return 1 + sum(built_size(part) for part in [*node.keys, *node.values] if part is not None)
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        return 1
+    numbers = [n for n in map(_int_literal, node.args) if n is not None]
+    if node.func.id == "range" and len(numbers) == len(node.args) and 1 <= len(numbers) <= 3:
+        try:
+            return len(range(*numbers))
+        except ValueError:  # a zero step: it raises, building nothing
+            return 0
+        except OverflowError:  # more items than an index can count
+            return MAX_BUILT_SIZE + 1
+    if node.func.id == "bytes" and len(numbers) == 1 == len(node.args):
+        return max(numbers[0], 0)
+    return 1 + sum(built_size(a) for a in node.args)
 
 
 def call_problem(node: ast.Call, target: str) -> str | None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 
 from unidiff import PatchSet, UnidiffParseError
 
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.jobs.allowlist import (
     carried_problem,
-    diff_problems,
     docstring_change_problem,
     example_problems,
     oracle_test_problem,
@@ -29,6 +29,8 @@ from lanes_pipeline.cpu_lane.jobs.rows import (
     ReviewItemRow,
     ReviewKind,
 )
+from lanes_pipeline.cpu_lane.jobs.value_allowlist import refactor_problems
+from lanes_pipeline.sandbox.python_source import python_file_bytes
 from lanes_pipeline.sandbox.safety import safe_repo_path
 
 KIND_ORDER: dict[ReviewKind, int] = {"test": 0, "docstring": 1, "refactor": 2}
@@ -187,9 +189,15 @@ def added_text(before: str | None, after: str) -> str:
 
 def item_problem(item: ReviewItem, before: str | None, after: str) -> str | None:
     """Why an item may not reach the branch (None: it may), given its file before and after the change:
-    the allowlist of its kind, then what no change may carry."""
+    the file as Python will read it, the allowlist of its kind, then what no change (nor its commit's
+    message) may carry."""
     problems: list[str] = []
+    _, encoding = python_file_bytes(after)
+    problems += [f"{item.path}: {encoding}"] if encoding else []
     if item.kind == "test":
+        name = PurePosixPath(item.path).name
+        if before is not None or not (name.startswith("test_") and name.endswith(".py")):
+            return f"{item.path}: a test is a new file named test_*.py"
         problem = oracle_test_problem(after, item.module, item.symbol)
         problems += [f"not a regression oracle: {problem}"] if problem else []
     elif item.kind == "docstring":
@@ -201,9 +209,11 @@ def item_problem(item: ReviewItem, before: str | None, after: str) -> str | None
     else:
         if before is None:
             return f"{item.path} is not in the repository"
-        problems += diff_problems(before, after)
+        problems += refactor_problems(before, after, item.symbol)
     carried = carried_problem(added_text(before, after))
     problems += [carried] if carried else []
+    message = carried_problem(commit_message(item, "0000-00-00"))
+    problems += [f"its commit message {message}"] if message else []
     return "; ".join(problems)[:600] if problems else None
 
 

@@ -49,6 +49,7 @@ from lanes_pipeline.git import (
 )
 from lanes_pipeline.repos.snapshot import end_of_day
 from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest
+from lanes_pipeline.sandbox.python_source import python_file_bytes
 from lanes_pipeline.sandbox.safety import safe_repo_path
 from lanes_pipeline.settings import SandboxLimits
 
@@ -148,7 +149,10 @@ class _Stager:
         problem = check(item, before, after)
         if problem:
             return problem
-        self.index.put(item.path, after.encode("utf-8"))
+        data, encoding = python_file_bytes(after)
+        if encoding:  # the check read the file as Python will; a check that did not is refused here
+            return f"{item.path}: {encoding}"
+        self.index.put(item.path, data)
         return ""
 
     def _merged(self, parent: str, item: ReviewItem, before: str | None) -> str | tuple[str]:
