@@ -196,8 +196,9 @@ def item_problem(item: ReviewItem, before: str | None, after: str) -> str | None
     problems += [f"{item.path}: {encoding}"] if encoding else []
     if item.kind == "test":
         name = PurePosixPath(item.path).name
-        if before is not None or not (name.startswith("test_") and name.endswith(".py")):
-            return f"{item.path}: a test is a new file named test_*.py"
+        ours = before is None or oracle_test_problem(before, item.module, item.symbol) is None
+        if not (ours and name.startswith("test_") and name.endswith(".py")):
+            return f"{item.path}: a test is a file named test_*.py, new or an earlier test of {item.symbol}"
         problem = oracle_test_problem(after, item.module, item.symbol)
         problems += [f"not a regression oracle: {problem}"] if problem else []
     elif item.kind == "docstring":

@@ -16,6 +16,7 @@ from lanes_pipeline.cpu_lane.jobs.allowlist import (
 )
 from lanes_pipeline.cpu_lane.jobs.docstring_edit import set_docstring
 from lanes_pipeline.cpu_lane.jobs.oracles import Observation, oracle_test_file
+from lanes_pipeline.cpu_lane.jobs.review import ReviewItem, item_problem
 from lanes_pipeline.cpu_lane.jobs.value_allowlist import refactor_problems
 
 MODULE = '''"""Numbers."""
@@ -312,3 +313,39 @@ def test_a_literal_that_builds_more_than_the_bound_is_refused(argument: str) -> 
 @pytest.mark.parametrize("argument", ["list(range(5))", "bytes(3)", "range(10)", "range(0, 10, 0)"])
 def test_a_small_built_literal_is_taken(argument: str) -> None:
     assert example_problem(f"clamp({argument}, 0, 1)", "clamp") is None
+
+
+# --- the item as the branch writes it ------------------------------------------------------------------
+
+
+def _test_item(path: str, content: str) -> tuple[ReviewItem, str]:
+    item = ReviewItem(
+        kind="test",
+        repo="r",
+        path=path,
+        source_path="pkg/nums.py",
+        module="pkg.nums",
+        symbol="clamp",
+        content=content,
+        evidence="passed 3 of 3 runs",
+    )
+    return item, content
+
+
+def test_a_test_item_is_a_test_file_new_or_our_own_earlier_one() -> None:
+    code = _oracle(Observation(call="clamp(15, 0, 10)", status="value", value_repr="10"))
+    item, after = _test_item("test_lanes_symbol_pkg_nums_clamp.py", code)
+    assert item_problem(item, None, after) is None
+    earlier = _oracle(Observation(call="clamp(1, 0, 10)", status="value", value_repr="1"))
+    assert item_problem(item, earlier, after) is None  # our earlier test of clamp, replaced
+    assert "a test is a file named test_" in (item_problem(item, MODULE, after) or "")
+    other, _ = _test_item("pkg/nums.py", code)
+    assert "a test is a file named test_" in (item_problem(other, None, after) or "")
+
+
+def test_an_item_python_would_read_otherwise_or_whose_message_holds_a_secret_is_refused() -> None:
+    code = _oracle(Observation(call="clamp(15, 0, 10)", status="value", value_repr="10"))
+    item, _ = _test_item("test_lanes_symbol_pkg_nums_clamp.py", code)
+    assert "declares the encoding utf-7" in (item_problem(item, None, "# coding: utf-7\n" + code) or "")
+    leaky = item.model_copy(update={"evidence": "key AKIAIOSFODNN7EXAMPLE"})
+    assert "its commit message holds what looks like a secret" in (item_problem(leaky, None, code) or "")
