@@ -19,9 +19,9 @@ then `f(...)`, `def f(x, g=exec)`, `sorted(xs, key=eval)`), so this rule is over
    by the first: the process, code and file functions of DANGEROUS_ORIGINS, and attributes that reach
    processes, files, frames or code on values the gate cannot type (REFUSED_ATTRIBUTES).
 4. **No new or changed line** adds an import, a `global` or `nonlocal`, a `while` loop (the one loop that
-   needs no call to never end), a dunder name or attribute (but ALLOWED_DUNDERS), or a call or decorator
-   that runs when the module is imported (a default value, an annotation, a class body outside its
-   methods, a class base).
+   needs no call to never end), a dunder name, attribute or method (but ALLOWED_DUNDERS), a constant that
+   builds more than MAX_BUILT_SIZE items, or a call or decorator that runs when the module is imported (a
+   default value, an annotation, a class body outside its methods, a class base).
 """
 
 from __future__ import annotations
@@ -366,6 +366,9 @@ def _line_problems(symbol: Definition, context: _Context) -> Iterator[str]:
             yield f"{where}: adds `{ast.unparse(node)[:60]}`"
         elif isinstance(node, ast.While):
             yield f"{where}: adds a `while` loop"
+        elif isinstance(node, Definition) and node is not symbol and _is_dunder(node.name):
+            if node.name not in ALLOWED_DUNDERS:  # Python calls these by itself: at GC, class creation
+                yield f"{where}: defines {node.name}"
         elif (size := _oversized(node)) is not None:
             yield f"{where}: {ast.unparse(node)[:40]} builds about {size} items (more than {MAX_BUILT_SIZE})"
         elif isinstance(node, ast.Attribute) and _is_dunder(node.attr) and node.attr not in ALLOWED_DUNDERS:

@@ -349,3 +349,15 @@ def test_an_item_python_would_read_otherwise_or_whose_message_holds_a_secret_is_
     assert "declares the encoding utf-7" in (item_problem(item, None, "# coding: utf-7\n" + code) or "")
     leaky = item.model_copy(update={"evidence": "key AKIAIOSFODNN7EXAMPLE"})
     assert "its commit message holds what looks like a secret" in (item_problem(leaky, None, code) or "")
+
+
+def test_a_method_python_calls_by_itself_or_an_oversized_constant_is_refused() -> None:
+    finalizer = "    def __del__(self):\n        pass\n\n    def area(self):"
+    problems = refactor_problems(MODULE, MODULE.replace("    def area(self):", finalizer), "Box")
+    assert any("defines __del__" in p for p in problems), problems
+    huge = "    low = 'A' * 10 ** 8\n    return max(low, min(value, high))"
+    assert any("builds about" in p for p in _refactor("    return max(low, min(value, high))", huge))
+    assert (
+        _refactor("    return max(low, min(value, high))", "    return max(low, min(value * 10**8, high))")
+        == []
+    )
