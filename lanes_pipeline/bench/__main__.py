@@ -27,8 +27,9 @@ from lanes_pipeline.steps import STOP_REQUESTED
 BENCHMARKS = ("cpu_lane", "gpu_lane", "trials", "cpu_yield", "cpu_servers", "learning", "drills")
 # Run only when named: `suite` runs the whole test suite (over an hour here), not a lane's figures;
 # `judge_cost` compares the evaluation's levers (what `learning` measures as a whole); `alias_moves` is
-# gpu_lane's hot swap with many moves.
-ON_REQUEST = ("suite", "judge_cost", "alias_moves")
+# gpu_lane's hot swap with many moves; `gate` is the review gate against its hostile corpus (a sandbox run
+# per accepted input: minutes).
+ON_REQUEST = ("suite", "judge_cost", "alias_moves", "gate")
 
 
 def _interrupt(signum: int, frame: object) -> None:
