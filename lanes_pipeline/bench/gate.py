@@ -240,6 +240,13 @@ def run_corpus(
             outcome.payload_ran = entry.harmful and accepted
             outcomes.append(outcome)
     out = classify(outcomes)
+    if log:  # a payload that did not run at an accepted tip: the corpus, not the gate, may be wrong there
+        silent = [
+            o.entry.name
+            for o in outcomes
+            if o.entry.harmful and o.accepted and o.entry.payload != "none" and not o.payload_ran
+        ]
+        print(f"[bench] gate: accepted harmful inputs whose payload did not run: {silent}", flush=True)
     out["markdown"] = markdown(out)
     return out
 

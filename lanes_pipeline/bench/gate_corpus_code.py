@@ -51,8 +51,8 @@ SPELLINGS: dict[str, Spelling] = {
     "dict_value": lambda a, b, d, arg: f"{a} = {{'k': {d}}}['k']\n{a}({arg})",
     "chained": lambda a, b, d, arg: f"{a} = {b} = {d}\n{a}({arg})",
     "try_block": lambda a, b, d, arg: f"try:\n    {a} = {d}\nexcept Exception:\n    {a} = None\n{a}({arg})",
-    "nested_def_default": lambda a, b, d, arg: f"def {a}(s, {b}={d}):\n    return {b}(s)\n{a}({arg})",
-    "lambda_default": lambda a, b, d, arg: f"{a} = lambda s, {b}={d}: {b}(s)\n{a}({arg})",
+    "nested_def_default": lambda a, b, d, arg: f"def {a}(*s, {b}={d}):\n    return {b}(*s)\n{a}({arg})",
+    "lambda_default": lambda a, b, d, arg: f"{a} = lambda *s, {b}={d}: {b}(*s)\n{a}({arg})",
 }
 
 
