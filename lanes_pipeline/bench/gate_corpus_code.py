@@ -245,7 +245,7 @@ CONTROLS: tuple[tuple[str, str, str, str], ...] = (
     ("rb_for_harmless_control", MATH, "lcm", "for k in [a, b]:\n    abs(k)"),
     ("rb_match_harmless_control", MATH, "lcm", "match a:\n    case 0:\n        pass"),
     ("rb_print_kept_control", PATHS, "by_length", "print(len(words))"),
-    ("rb_global_read_control", PATHS, "lengths", "global SEPARATOR\nlen(SEPARATOR)"),
+    ("rb_module_read_control", PATHS, "lengths", "len(SEPARATOR)"),
 )
 
 
@@ -305,7 +305,7 @@ VALUE_CONTROLS: tuple[tuple[str, str, str], ...] = (
     ("v_partial_max_control", "prefixer", "functools.partial(max, 0)(1)"),
     ("v_dict_len_control", "apply", "{'n': len}['n']('abc')"),
     ("v_list_len_control", "apply", "[len][0]('ab')"),
-    ("v_methodcaller_upper_control", "caller", "operator.methodcaller('upper')('ab')"),
+    ("v_own_wrapper_control", "by_length", "caller('upper')('ab')"),
     ("v_map_join_control", "lengths", "list(map(os.path.join, ['a'], ['b']))"),
     ("v_lru_cache_len_control", "depth", "functools.lru_cache(maxsize=None)(len)('ab')"),
 )

@@ -41,10 +41,9 @@ COOKIES = {
     "unicode_escape": ("# coding: unicode_escape\n", "\\n"),
     "raw_unicode_escape": ("# coding: raw_unicode_escape\n", "\\u000a"),
 }
-# Cookies under which ASCII reads as itself: the controls.
+# Cookies under which the file reads as the gate read it: the controls (only UTF-8 is written).
 SAFE_COOKIES = {
     "utf8": "# -*- coding: utf-8 -*-\n",
-    "latin1": "# coding: latin-1\n",
     "none": "",
 }
 QUOTES = {"+AAo-": "+ACIAIgAi-", "\\n": "\\x22\\x22\\x22", "\\u000a": "\\u0022\\u0022\\u0022"}
@@ -238,14 +237,26 @@ def _encoding_controls() -> list[GateInput]:
             "the same docstring without a cookie must still pass",
             payload="none",
         ),
+        # A cookie line above the def is outside the symbol (out_of_symbol's rule): the control is the
+        # line-1 symbol refactored with the same comment and no cookie.
         refactor(
-            "e_ref_utf8_control",
+            "e_ref_line1_control",
             "encoding",
             False,
             FIRST,
             "first_word",
-            "# -*- coding: utf-8 -*-\n" + inject(FIRST, "first_word", "# split on any whitespace"),
-            "a refactor of the line-1 symbol that adds a utf-8 cookie must still pass",
+            inject(FIRST, "first_word", "# split on any whitespace, +AAo- is text here"),
+            "a refactor of the line-1 symbol with UTF-7-looking text and no cookie must still pass",
+            payload="none",
+        ),
+        generated_test(
+            "e_test_cookie_line3_control",
+            "encoding",
+            False,
+            FIRST,
+            "first_word",
+            oracle_file("firstline", "first_word", plain, "# a test\n# of first_word\n# coding: utf-7\n"),
+            "a cookie on line 3 is only a comment: Python reads lines 1 and 2 for it",
             payload="none",
         ),
     ]
