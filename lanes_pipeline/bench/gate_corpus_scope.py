@@ -43,9 +43,9 @@ OUT_OF_SYMBOL: tuple[tuple[str, str, str, str, str, str, str], ...] = (
         PATHS,
         "helper",
         'SEPARATOR = "/"\n',
-        f'SEPARATOR = "/"\n{MADE}\n',
+        f'SEPARATOR = "/"\nos.makedirs({MARKER!r}, exist_ok=True)\n',
         "marker",
-        "a module-level call among the constants",
+        "a module-level call among the constants (of os.makedirs: ensure_dir is not defined there yet)",
     ),
     (
         "o_module_call_end",
