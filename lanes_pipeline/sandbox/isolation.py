@@ -66,6 +66,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from lanes_pipeline.git import git
+from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result_text, remove_result
 from lanes_pipeline.settings import SandboxLimits
 
 SANDBOX_INIT = Path(__file__).with_name("sandbox_init.py")
@@ -433,8 +434,9 @@ def run_pytest_outcomes(
 def _pytest_with_report(
     sandbox: Sandbox, targets: Sequence[str], run_index: int, python: str | None
 ) -> tuple[CommandResult, dict[str, object] | None]:
-    report_path = sandbox.scratch / f"report-{run_index}.json"
-    report_path.unlink(missing_ok=True)
+    report_name = f"{SCRATCH}/report-{run_index}.json"
+    report_path = sandbox.worktree / report_name
+    remove_result(sandbox.worktree, report_name)
     argv = [
         python or sys.executable,
         "-m",
@@ -451,13 +453,12 @@ def _pytest_with_report(
     ]
     # A different hash seed on every run: order-dependent tests show up as flaky.
     result = sandbox.run(argv, {"LANES_SANDBOX_REPORT": str(report_path), "PYTHONHASHSEED": str(run_index)})
-    report = None
-    if report_path.is_file():
-        try:
-            report = json.loads(report_path.read_text(encoding="utf-8"))
-        except ValueError:
-            report = None
-    return result, report
+    try:
+        text = read_result_text(sandbox.worktree, report_name)
+        report = None if text is None else json.loads(text)
+    except (ValueError, UnsafeResultError):  # garbled, or replaced by the code under test: no report
+        report = None
+    return result, report if isinstance(report, dict) else None
 
 
 def judge_runs(runs: Sequence[RunReport], wanted: int) -> TestVerdict:

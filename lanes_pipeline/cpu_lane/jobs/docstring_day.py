@@ -54,6 +54,7 @@ from lanes_pipeline.git import git
 from lanes_pipeline.repos.scan import symbols_at
 from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
+from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result_text, remove_result
 from lanes_pipeline.sandbox.isolation import (
     SANDBOX_INIT,
     SETUP_FAILED,
@@ -189,11 +190,14 @@ def verify_doc(place: VerifyPlace, symbol: Symbol, documented: Documented) -> tu
         sandbox.write(PROBE_PATH, probe_script(symbol.module, symbol.name, documented.docstring))
         results = sandbox.worktree / RESULTS_PATH
         for index in range(runs):
-            results.unlink(missing_ok=True)
+            remove_result(sandbox.worktree, RESULTS_PATH)
             command = sandbox.run(
                 [place.python or sys.executable, PROBE_PATH, str(results)], {"PYTHONHASHSEED": str(index)}
             )
-            text = results.read_text(encoding="utf-8") if results.is_file() else None
+            try:
+                text = read_result_text(sandbox.worktree, RESULTS_PATH)
+            except UnsafeResultError as exc:  # replaced by the code under test
+                return "fails_doctest", f"run {index + 1} of {runs}: {exc}"[:600]
             passed, detail = read_probe(command, text)
             detail = detail.replace(f"{sandbox.worktree}/", "")  # the same reason from every sandbox
             if not passed:
