@@ -25,7 +25,9 @@ from typing import Literal
 from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
+from lanes_pipeline.cpu_lane.jobs.literal_size import MAX_BUILT_SIZE, built_size, large_int_argument
 from lanes_pipeline.cpu_lane.jobs.mutants import MutantKind, MutationError, mutants
+from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result_text
 from lanes_pipeline.sandbox.isolation import (
     SETUP_FAILED,
     CommandResult,
@@ -41,8 +43,6 @@ from lanes_pipeline.settings import SandboxLimits
 MAX_CALLS = 16
 MAX_CALL_CHARS = 400
 MAX_REPR_CHARS = 400
-# The most items a literal argument or expected value may build (`range`, `bytes(n)`, and what holds them).
-MAX_BUILT_SIZE = 10_000
 # Calls of these builtins may appear inside arguments: they build literal values and nothing else.
 LITERAL_BUILDERS = frozenset({"set", "frozenset", "tuple", "list", "dict", "bytes", "range"})
 PROBE_PATH = ".lanes/oracle_probe.py"
@@ -224,39 +224,6 @@ def literal_problem(node: ast.expr) -> str | None:
     return f"{type(node).__name__} in an argument"
 
 
-def _int_literal(node: ast.expr) -> int | None:
-    sign = 1
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        sign, node = (-1 if isinstance(node.op, ast.USub) else 1), node.operand
-    return sign * node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
-
-
-def built_size(node: ast.expr) -> int:
-    """How many items (or bytes, or characters) a literal-ish value holds once built, without building
-    it: a short call can ask for gigabytes (`bytes(10**11)` is written `bytes(100000000000)`)."""
-    if isinstance(node, ast.Constant):
-        return len(node.value) if isinstance(node.value, str | bytes) else 1
-    if isinstance(node, ast.UnaryOp):
-        return built_size(node.operand)
-    if isinstance(node, ast.List | ast.Tuple | ast.Set):
-        return 1 + sum(built_size(e) for e in node.elts)
-    if isinstance(node, ast.Dict):
-        return 1 + sum(built_size(part) for part in [*node.keys, *node.values] if part is not None)
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-        return 1
-    numbers = [n for n in map(_int_literal, node.args) if n is not None]
-    if node.func.id == "range" and len(numbers) == len(node.args) and 1 <= len(numbers) <= 3:
-        try:
-            return len(range(*numbers))
-        except ValueError:  # a zero step: it raises, building nothing
-            return 0
-        except OverflowError:  # more items than an index can count
-            return MAX_BUILT_SIZE + 1
-    if node.func.id == "bytes" and len(numbers) == 1 == len(node.args):
-        return max(numbers[0], 0)
-    return 1 + sum(built_size(a) for a in node.args)
-
-
 def call_problem(node: ast.Call, target: str) -> str | None:
     """Why a call of the target is not taken (None: it is)."""
     calls = [node]
@@ -266,7 +233,7 @@ def call_problem(node: ast.Call, target: str) -> str | None:
         for arg in call.args:
             if isinstance(arg, ast.Starred):
                 return "starred argument"
-            problem = literal_problem(arg)
+            problem = literal_problem(arg) or large_int_argument(arg)
             if problem:
                 return problem
         for keyword in call.keywords:
@@ -274,7 +241,7 @@ def call_problem(node: ast.Call, target: str) -> str | None:
                 return "`**` argument"
             if keyword.arg.startswith("__"):
                 return f"dunder keyword {keyword.arg}"
-            problem = literal_problem(keyword.value)
+            problem = literal_problem(keyword.value) or large_int_argument(keyword.value)
             if problem:
                 return problem
     if "__" in target:
@@ -454,7 +421,10 @@ def observe_calls(
         sandbox.write(PROBE_PATH, probe_script(module, target, calls))
         results = sandbox.worktree / RESULTS_PATH
         command = sandbox.run([python or sys.executable, PROBE_PATH, str(results)])
-        jsonl = results.read_text(encoding="utf-8") if results.is_file() else ""
+        try:
+            jsonl = read_result_text(sandbox.worktree, RESULTS_PATH) or ""
+        except UnsafeResultError as exc:  # replaced by the code under test: nothing observed
+            return ObservationRun(observations=[], outcome="crashed", detail=str(exc)[:300])
     return ObservationRun(observations=read_observations(calls, jsonl), **_outcome(command))
 
 
@@ -478,8 +448,13 @@ def kills_mutants(
     """Run `test_path` once with each mutant of `target` written over `source_path` in the sandbox's
     worktree (restored afterwards); stop at the first mutant the test survives. `run` is how pytest runs
     (default: the project's Python; pass one bound to the repository's environment)."""
-    original = (sandbox.worktree / source_path).read_text(encoding="utf-8")
     runs: list[MutantRun] = []
+    try:  # the tests ran in this worktree already: the module is read as a result, never through a link
+        original = read_result_text(sandbox.worktree, source_path)
+    except UnsafeResultError as exc:
+        return TeethVerdict(killed_all=False, reason=str(exc)[:300], runs=runs)
+    if original is None:
+        return TeethVerdict(killed_all=False, reason=f"{source_path} is gone from the worktree", runs=runs)
     try:
         made = mutants(original, target)
     except MutationError as exc:  # a class without methods: no test of it can be shown to have teeth

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from lanes_pipeline.cpu_lane.jobs.docstring_edit import Definition, DocstringError, find_node
-from lanes_pipeline.cpu_lane.jobs.oracles import MAX_BUILT_SIZE, built_size
+from lanes_pipeline.cpu_lane.jobs.literal_size import MAX_BUILT_SIZE, built_size
 from lanes_pipeline.sandbox.python_source import parse_python
 
 SAFE_BUILTINS = frozenset(
