@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lanes_pipeline.sandbox.safety import committed_secrets, secret_findings
 
 # tabulate 0.10.0's own doctest (tabulate/__init__.py, `_isnumber`): its completion rows were all dropped.
@@ -27,3 +29,46 @@ def test_hex_strings_that_are_not_numbers_are_still_found() -> None:
     assert "Hex High Entropy String" in secret_findings(HEX_TOKEN)
     # Random-looking only: a row is dropped for it, a file is not left out of the day for it.
     assert committed_secrets(HEX_KEY) == []
+
+
+_AWS = "AKIAIOSFODNN7EXAMPLE"
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        (f"key = ({_AWS[:10]!r}\n       {_AWS[10:]!r})", "AWS Access Key"),
+        (f"key = {_AWS[:8]!r} + {_AWS[8:]!r}", "AWS Access Key"),
+        (f"key = {_AWS[::-1]!r}[::-1]", "AWS Access Key"),
+        (f"key = bytes({list(_AWS.encode())})", "AWS Access Key"),
+        (f"key = ''.join(map(chr, {list(_AWS.encode())}))", "AWS Access Key"),
+        ("# key: " + "".join(chr(ord(c) + 0xFEE0) for c in _AWS), "AWS Access Key"),
+        (f"Read backwards: {_AWS[::-1]}", "AWS Access Key"),
+        (f"The key is {_AWS[:10]}\n{_AWS[10:]}.", "AWS Access Key"),
+        ("# aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "AWS Secret Access Key"),
+        ("# token hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567", "Hugging Face Token"),
+        ("Key: AIzaSyDaGmWKa4JsXZ-HjGw7ISLn_3namBGewQe", "Google API Key"),
+        ("# -----BEGIN RSA\n# PRIVATE KEY-----\n", "Private Key"),
+        ("assert f('password=hunter2-' 'Example-Passw0rd') == 1", "Secret Keyword"),
+    ],
+)
+def test_a_key_spelled_past_a_line_scanner_is_found(text: str, kind: str) -> None:
+    assert kind in secret_findings(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "label = 'sdrow'[::-1]",
+        "password_length = len(text)",
+        "# the password is read from the environment, never stored here",
+        "assert word_count('deadbeef 0x1f') == 1",
+        "words = ' '.join(['a', 'b'])",
+    ],
+)
+def test_ordinary_text_and_code_hold_no_secret(text: str) -> None:
+    assert secret_findings(text) == []
+
+
+def test_the_new_shapes_leave_a_file_out_of_the_day() -> None:
+    assert committed_secrets("TOKEN = 'hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567'") == ["Hugging Face Token"]

@@ -31,7 +31,7 @@ from lanes_pipeline.cpu_lane.jobs.rows import (
 )
 from lanes_pipeline.cpu_lane.jobs.value_allowlist import refactor_problems
 from lanes_pipeline.sandbox.python_source import python_file_bytes
-from lanes_pipeline.sandbox.safety import safe_repo_path
+from lanes_pipeline.sandbox.safety import safe_repo_path, secret_findings
 
 KIND_ORDER: dict[ReviewKind, int] = {"test": 0, "docstring": 1, "refactor": 2}
 TRAILER = "Lanes-Review"  # the trailer that marks a commit of the project's review branch, with the day
@@ -194,6 +194,7 @@ def item_problem(item: ReviewItem, before: str | None, after: str) -> str | None
     problems: list[str] = []
     _, encoding = python_file_bytes(after)
     problems += [f"{item.path}: {encoding}"] if encoding else []
+    after = after.removeprefix("\ufeff")  # Python reads a UTF-8 file past its byte-order mark
     if item.kind == "test":
         name = PurePosixPath(item.path).name
         ours = before is None or oracle_test_problem(before, item.module, item.symbol) is None
@@ -213,6 +214,10 @@ def item_problem(item: ReviewItem, before: str | None, after: str) -> str | None
         problems += refactor_problems(before, after, item.symbol)
     carried = carried_problem(added_text(before, after))
     problems += [carried] if carried else []
+    # A key split over lines or built by an expression shows only in the whole file: what it adds.
+    hidden = sorted(set(secret_findings(after)) - set(secret_findings(before or "")))
+    if hidden and not carried:
+        problems.append(f"holds what looks like a secret ({', '.join(hidden)})")
     message = carried_problem(commit_message(item, "0000-00-00"))
     problems += [f"its commit message {message}"] if message else []
     return "; ".join(problems)[:600] if problems else None
