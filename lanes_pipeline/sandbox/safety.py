@@ -2,8 +2,9 @@
 
 - `injection_markers`: text that tries to steer a model (prompt injection) inside repository files or
   model answers. Such files are quarantined at snapshot time and such records are dropped from the dataset.
-- `secret_findings`: keys, tokens and private keys, found with detect-secrets' plugins;
-  `committed_secrets`: the ones of a known shape, for which a whole file is left out of the day.
+- `secret_findings`: keys, tokens, passwords and private keys, found with detect-secrets' plugins and
+  the shapes it lacks, however the text spells them (split, reversed, fullwidth, built by an expression);
+  `committed_secrets`: all but the merely random-looking, for which a whole file is left out of the day.
 - `unsafe_calls`: what a generated test may not do even inside the sandbox, because a test that does it
   would teach the LoRA to write such tests (the sandbox is the enforcement; this is the dataset policy).
 - `safe_repo_path`: a path a model named may only point inside the repository.
@@ -202,10 +203,10 @@ def _is_number_literal(kind: str, value: str | None) -> bool:
     return True
 
 
-# detect-secrets' findings that only say "random-looking" or "a variable named like a password": in real code
-# they are hashes, test vectors and defaults as often as secrets. A row holding one is still dropped from the
-# dataset (secret_findings), but a file is not left out of the day for it.
-SHAPELESS_SECRETS = frozenset({"Base64 High Entropy String", "Hex High Entropy String", "Secret Keyword"})
+# detect-secrets' findings that only say "random-looking": in real code they are hashes and test vectors as
+# often as secrets. A row holding one is still dropped from the dataset (secret_findings), but a file is not
+# left out of the day for it. A password assignment (`Secret Keyword`) is a secret by intent: its file is.
+SHAPELESS_SECRETS = frozenset({"Base64 High Entropy String", "Hex High Entropy String"})
 
 
 def committed_secrets(text: str) -> list[str]:

@@ -72,3 +72,8 @@ def test_ordinary_text_and_code_hold_no_secret(text: str) -> None:
 
 def test_the_new_shapes_leave_a_file_out_of_the_day() -> None:
     assert committed_secrets("TOKEN = 'hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567'") == ["Hugging Face Token"]
+
+
+def test_a_password_assignment_leaves_its_file_out_and_a_random_looking_string_does_not() -> None:
+    assert committed_secrets('password = "hunter2-Example-Passw0rd"\n') == ["Secret Keyword"]
+    assert committed_secrets(HEX_KEY) == []
