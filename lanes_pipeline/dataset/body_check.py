@@ -16,6 +16,7 @@ from pathlib import Path
 
 from lanes_pipeline.dataset.held_out_tasks import cpu_test_path
 from lanes_pipeline.dataset.holdout_rules import HeldOutFunction
+from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result_text
 from lanes_pipeline.sandbox.isolation import Isolation, Sandbox, open_sandbox, run_pytest_outcomes
 from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.settings import SandboxLimits
@@ -64,7 +65,12 @@ class FunctionSandbox:
 
     def __init__(self, sandbox: Sandbox, function: HeldOutFunction) -> None:
         self.sandbox, self.function = sandbox, function
-        self.module = (sandbox.worktree / function.symbol.path).read_text("utf-8")
+        # Read as a result, never through a link (host_read): the worktree is the repository's, and every
+        # run of `outcomes` leaves it the tests' to change. None: nothing can be judged (no report).
+        try:
+            self.module = read_result_text(sandbox.worktree, function.symbol.path)
+        except UnsafeResultError:
+            self.module = None
         for index, code in enumerate(function.cpu_tests):
             sandbox.write(cpu_test_path(function, index), code)
         self.targets = [
@@ -74,9 +80,15 @@ class FunctionSandbox:
 
     def outcomes(self, new_source: str | None) -> dict[str, str]:
         """node id -> outcome of each judging test with `new_source` in place of the function (None: the
-        real one); empty when the run gave no report (an import error, a timeout)."""
+        real one); empty when the run gave no report (an import error, a timeout, a module that is not a
+        plain file or sits under a folder an earlier run made a link)."""
+        if self.module is None:
+            return {}
         module = self.module if new_source is None else splice(self.module, self.function, new_source)
-        self.sandbox.write(self.function.symbol.path, module)
+        try:
+            self.sandbox.write(self.function.symbol.path, module)
+        except UnsafeResultError:
+            return {}
         return run_pytest_outcomes(self.sandbox, self.targets)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import re
 import shutil
 import textwrap
@@ -159,15 +160,27 @@ def outcome(task_id: str, result: CommandResult) -> TaskOutcome:
 
 def _empty_worktree(sandbox: Sandbox) -> None:
     """Remove whatever the previous program left (a module named like the standard library on the path,
-    files in HOME or TMPDIR), keeping the scratch folder itself with its ownership."""
-    for folder in (sandbox.worktree, sandbox.scratch):
-        for entry in folder.iterdir():
-            if entry.name == SCRATCH and folder == sandbox.worktree:
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+    files in HOME or TMPDIR), keeping the scratch folder itself with its ownership. A program may have made
+    the scratch folder a link to a host folder: the link is removed, never listed through (the host would
+    delete that folder's files), and the folder made again."""
+    for entry in sandbox.worktree.iterdir():
+        if entry.name != SCRATCH or entry.is_symlink() or not entry.is_dir():
+            _remove(entry)
+    if sandbox.scratch.is_dir():
+        for entry in sandbox.scratch.iterdir():
+            _remove(entry)
+        return
+    sandbox.scratch.mkdir()
+    if not sandbox.isolation.rootless:
+        os.chown(sandbox.scratch, sandbox.limits.uid, sandbox.limits.uid)
+
+
+def _remove(entry: Path) -> None:
+    """A folder with what it holds (rmtree never follows a link inside it), anything else unlinked."""
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink()
 
 
 def judge_all(

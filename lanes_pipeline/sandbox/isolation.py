@@ -60,13 +60,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from lanes_pipeline.git import git
-from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result_text, remove_result
+from lanes_pipeline.sandbox.host_read import (
+    UnsafeResultError,
+    read_result_text,
+    remove_result,
+    write_result,
+)
 from lanes_pipeline.settings import SandboxLimits
 
 SANDBOX_INIT = Path(__file__).with_name("sandbox_init.py")
@@ -172,18 +177,15 @@ class Sandbox:
     # -- files -------------------------------------------------------------------------------------------
 
     def write(self, rel: str, text: str) -> Path:
-        """Place a file in the worktree (a generated test, a diff) owned by the sandbox user."""
-        target = self.worktree / rel
-        if self.worktree.resolve() not in target.resolve().parents:
+        """Place a file in the worktree (a generated test, a diff, a mutant) owned by the sandbox user. A run
+        before may have left anything at `rel`: it is written as a result (host_read.write_result), never
+        through a link; UnsafeResultError when a folder on its path is a link."""
+        path = PurePosixPath(rel)
+        if not path.parts or path.is_absolute() or ".." in path.parts:
             raise ValueError(f"{rel!r} is not inside the worktree")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-        self._own(target)
-        return target
-
-    def _own(self, path: Path) -> None:
-        if not self.isolation.rootless:
-            os.chown(path, self.limits.uid, self.limits.uid)
+        owner = None if self.isolation.rootless else self.limits.uid
+        write_result(self.worktree, rel, text.encode("utf-8"), owner)
+        return self.worktree / rel
 
     # -- running -----------------------------------------------------------------------------------------
 
@@ -456,8 +458,10 @@ def _pytest_with_report(
     try:
         text = read_result_text(sandbox.worktree, report_name)
         report = None if text is None else json.loads(text)
-    except (ValueError, UnsafeResultError):  # garbled, or replaced by the code under test: no report
+    except ValueError:  # garbled: no report
         report = None
+    except UnsafeResultError as exc:  # replaced by the code under test: no report, and why (never its text)
+        return result.model_copy(update={"output": f"{result.output[-19_000:]}\n{exc}"}), None
     return result, report if isinstance(report, dict) else None
 
 

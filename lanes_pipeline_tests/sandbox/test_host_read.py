@@ -1,14 +1,34 @@
 """Reading a sandbox's result on the host (sandbox/host_read.py): a link anywhere on the path, a FIFO, a
-file over the limit are refused without reading them; an absent file is None; a plain file is read."""
+file over the limit are refused without reading them; an absent file is None; a plain file is read. A write
+replaces what sits at its name and never goes through a linked folder. Then the real sandbox: a test that
+swaps its own report, its module or the scratch folder for a link to a host file (or a FIFO) after pytest
+wrote the report gets no report, and the host file's content never reaches the verdict."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import textwrap
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result, remove_result
+from lanes_pipeline.cpu_lane.jobs.oracles import kills_mutants
+from lanes_pipeline.git import CommitSpec, build_history
+from lanes_pipeline.gpu_lane.humaneval import _empty_worktree
+from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result, remove_result, write_result
+from lanes_pipeline.sandbox.isolation import (
+    SCRATCH,
+    Isolation,
+    detect_isolation,
+    open_sandbox,
+    open_scratch_sandbox,
+    run_pytest,
+)
+from lanes_pipeline.settings import SandboxLimits
 
 
 @pytest.fixture
@@ -55,3 +75,127 @@ def test_removing_a_link_removes_the_link_not_its_target(worktree: Path) -> None
     link.symlink_to(worktree.parent / "host.txt")
     remove_result(worktree, ".lanes/report-0.json")
     assert not link.is_symlink() and (worktree.parent / "host.txt").read_text() == "HOST-CANARY"
+
+
+def test_a_write_replaces_a_link_or_a_fifo_and_never_follows_a_linked_folder(worktree: Path) -> None:
+    host = worktree.parent / "host.txt"
+    (worktree / "calc.py").symlink_to(host)
+    write_result(worktree, "calc.py", b"x = 1\n")
+    assert not (worktree / "calc.py").is_symlink() and (worktree / "calc.py").read_bytes() == b"x = 1\n"
+    assert host.read_text() == "HOST-CANARY"
+    os.mkfifo(worktree / "fifo.py")  # a write opening it would wait for a reader for ever
+    write_result(worktree, "fifo.py", b"y = 2\n")
+    assert (worktree / "fifo.py").read_bytes() == b"y = 2\n"
+    (worktree / "tests").symlink_to(worktree.parent)
+    with pytest.raises(UnsafeResultError, match="tests is a link"):
+        write_result(worktree, "tests/host.txt", b"overwritten")
+    assert host.read_text() == "HOST-CANARY"
+    write_result(worktree, "new/deep/test_x.py", b"z = 3\n")
+    assert (worktree / "new" / "deep" / "test_x.py").read_bytes() == b"z = 3\n"
+
+
+# -- the real sandbox: a test that swaps its own report, module or scratch folder after pytest wrote it ---
+
+CALC = "def add(a, b):\n    return a + b\n"
+LIMITS = SandboxLimits(timeout_s=20, memory_mb=768, runs=1)
+SWAP_AT_EXIT = """import atexit
+import os
+import shutil
+
+REPORT = os.environ["LANES_SANDBOX_REPORT"]
+
+
+def _swap():
+{swap}
+
+
+atexit.register(_swap)
+
+
+def test_add():
+    from calc import add
+
+    assert add(1, 2) == 3
+"""
+
+
+@pytest.fixture(scope="module")
+def isolation() -> Isolation:
+    return detect_isolation()
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    path = tmp_path_factory.mktemp("host_read") / "repo"
+    spec = CommitSpec(when=datetime(2026, 11, 1, tzinfo=UTC), message="calc", files={"calc.py": CALC})
+    return path, build_history(path, [spec])
+
+
+@pytest.fixture
+def canary(tmp_path: Path) -> tuple[str, Path]:
+    """A host file shaped like a report of two passing tests and an error, holding a token the verdict must
+    never hold (read_run puts an error's message into the detail)."""
+    token = f"LANES-CANARY-{uuid.uuid4().hex}"
+    tests = {f"{token}::a": "passed", f"{token}::b": "passed"}
+    report = {"tests": tests, "errors": [{"nodeid": token, "type": token, "message": token}]}
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "scratch" / "report-0.json").write_text(json.dumps(report))
+    (tmp_path / "canary.json").write_text(json.dumps(report))
+    return token, tmp_path
+
+
+def _swap(body: str) -> str:
+    return SWAP_AT_EXIT.format(swap=textwrap.indent(body, "    "))
+
+
+@pytest.mark.parametrize(
+    "swap",
+    [
+        "os.remove(REPORT)\nos.symlink('{host}/canary.json', REPORT)",
+        "shutil.rmtree(os.path.dirname(REPORT))\nos.symlink('{host}/scratch', os.path.dirname(REPORT))",
+        "os.remove(REPORT)\nos.mkfifo(REPORT)",
+    ],
+    ids=["report_link", "scratch_link", "report_fifo"],
+)
+def test_a_report_the_test_replaced_is_no_report_and_never_the_host_file(
+    repo: tuple[Path, str], isolation: Isolation, canary: tuple[str, Path], swap: str
+) -> None:
+    token, host = canary
+    with open_sandbox(repo[0], repo[1], LIMITS, isolation) as sandbox:
+        sandbox.write("test_swap.py", _swap(swap.format(host=host)))
+        run = run_pytest(sandbox, ["test_swap.py"])
+    assert token not in run.model_dump_json()
+    assert (run.outcome, run.passed) == ("crashed", 0)
+    assert "the sandboxed code may have replaced it" in run.detail
+
+
+def test_the_module_a_test_replaced_is_never_read_nor_written_through(
+    repo: tuple[Path, str], isolation: Isolation, canary: tuple[str, Path]
+) -> None:
+    token, host = canary
+    swap = f"os.remove('calc.py')\nos.symlink('{host}/canary.json', 'calc.py')\nos.mkfifo('fifo.py')"
+    with open_sandbox(repo[0], repo[1], LIMITS, isolation) as sandbox:
+        sandbox.write("test_swap.py", _swap(swap))
+        assert run_pytest(sandbox, ["test_swap.py"]).outcome == "passed"
+        teeth = kills_mutants(sandbox, "calc.py", "add", "test_swap.py")
+        assert not teeth.killed_all and "symbolic link" in teeth.reason and token not in teeth.reason
+        sandbox.write("calc.py", CALC)  # replaces the link with a file of its own
+        assert not (sandbox.worktree / "calc.py").is_symlink()
+        sandbox.write("fifo.py", CALC)  # opening the FIFO to write would wait for a reader for ever
+        assert (sandbox.worktree / "fifo.py").read_text() == CALC
+    assert token in (host / "canary.json").read_text()  # the host's file is as it was
+
+
+def test_humaneval_never_empties_a_host_folder_the_scratch_folder_was_linked_to(
+    isolation: Isolation, tmp_path: Path
+) -> None:
+    (tmp_path / "keep.txt").write_text("mine")
+    with open_scratch_sandbox(LIMITS, isolation) as sandbox:
+        link = f"import os, shutil\nshutil.rmtree('{SCRATCH}')\nos.symlink('{tmp_path}', '{SCRATCH}')\n"
+        sandbox.write("program.py", link)
+        assert sandbox.run([sys.executable, "program.py"]).returncode == 0
+        assert sandbox.scratch.is_symlink()
+        _empty_worktree(sandbox)
+        assert (tmp_path / "keep.txt").read_text() == "mine"
+        assert sandbox.scratch.is_dir() and not sandbox.scratch.is_symlink()
+        assert list(sandbox.worktree.iterdir()) == [sandbox.scratch]
