@@ -24,7 +24,12 @@ from pydantic import Field
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.git import TreeEntry, commit_as_of, commit_time, ls_tree, read_blobs
 from lanes_pipeline.sandbox.python_source import parse_python
-from lanes_pipeline.sandbox.safety import committed_secrets, injection_markers
+from lanes_pipeline.sandbox.safety import (
+    SHAPELESS_SECRETS,
+    injection_markers,
+    redact_secrets,
+    secret_findings,
+)
 from lanes_pipeline.store import ArtifactStore
 
 # ---------------------------------------------------------------------------------------------------------
@@ -41,6 +46,11 @@ class FileEntry(Frozen):
     blob: str = Field(description="git blob hash: equal blobs have equal content")
     language: str
     size: int
+    redacted: list[str] = Field(
+        [],
+        description="the type of each random-looking value (SHAPELESS_SECRETS) the file holds, never the "
+        "value: the file stays in the day, and prompts show these values redacted (redact_secrets)",
+    )
 
 
 class LeftOut(Frozen):
@@ -100,6 +110,10 @@ class Snapshot(Frozen):
 
     def file(self, path: str) -> FileEntry:
         return next(f for f in self.files if f.path == path)
+
+    def redactions(self) -> dict[str, list[str]]:
+        """path -> the type of each value redacted in the prompts' text of that file."""
+        return {f.path: f.redacted for f in self.files if f.redacted}
 
     def code_paths(self) -> set[str]:
         """The Python files that are not tests: the ones whose symbols the pipeline works on."""
@@ -206,7 +220,8 @@ def ignored_paths(paths: Iterable[str], gitignores: Mapping[str, str]) -> set[st
     return ignored
 
 
-# Why a blob's text is left out (None: it is not), by blob: the same content is judged once a snapshot.
+# Why a blob's text is left out (None: it is not), by blob: the same content is judged once a snapshot. For a
+# file kept, the detail lists the types of the values its prompts' text shows redacted, ", "-separated.
 ContentReasons = dict[str, tuple[LeftOutReason | None, str]]
 
 
@@ -232,7 +247,13 @@ def select_files(
             left_out.append(LeftOut(path=entry.path, reason=reason, detail=detail))
         else:
             files.append(
-                FileEntry(path=entry.path, blob=entry.blob, language=language_of(entry.path), size=entry.size)
+                FileEntry(
+                    path=entry.path,
+                    blob=entry.blob,
+                    language=language_of(entry.path),
+                    size=entry.size,
+                    redacted=detail.split(", ") if detail else [],
+                )
             )
     return files, left_out, len(entries) - len(included)
 
@@ -264,11 +285,15 @@ def _content_reason(data: bytes) -> tuple[LeftOutReason | None, str]:
     if markers:
         # Never shown to the model, never in the dataset: text that tries to steer the model is quarantined.
         return "prompt_injection", "; ".join(markers[:3])
-    secrets = committed_secrets(text)
+    found = secret_findings(text)
+    secrets = [kind for kind in found if kind not in SHAPELESS_SECRETS]
     if secrets:
         # A key committed by mistake: the file is named (with the kind of key, never its value) so the user
         # can rotate it; no prompt carries it, so no answer, artifact or dataset row can.
         return "secret", ", ".join(secrets)
+    if found:
+        # Random-looking only (a hash, a test vector): the file stays, its values are redacted in prompts.
+        return None, ", ".join(redact_secrets(text)[1])
     return None, ""
 
 
@@ -317,6 +342,20 @@ def python_outline(path: str, source: str) -> ModuleOutline:
             ]
             classes.append((header, methods))
     return ModuleOutline(path=path, module=module_name(path), functions=functions, classes=classes)
+
+
+def _redacted_outline(outline: ModuleOutline, redact: bool) -> ModuleOutline:
+    """The outline with the secret values in its signatures (a default argument) redacted: the snapshot's
+    artifact and the repo map show it. Only for a file the content check found values in."""
+    if not redact:
+        return outline
+    clean = lambda text: redact_secrets(text)[0]  # noqa: E731
+    return outline.model_copy(
+        update={
+            "functions": [clean(f) for f in outline.functions],
+            "classes": [(clean(header), [clean(m) for m in methods]) for header, methods in outline.classes],
+        }
+    )
 
 
 def render_repo_map(repo: str, outlines: Sequence[ModuleOutline], max_chars: int) -> str:
@@ -404,7 +443,9 @@ def take_snapshot(
         previous_blobs = {f.path: f.blob for f in selected_files(repo, previous, rules, judged)[0]}
     changed, deleted = changed_paths(previous_blobs, files)
     outlines = [
-        python_outline(f.path, contents[f.blob].decode("utf-8")) for f in files if f.language == "python"
+        _redacted_outline(python_outline(f.path, contents[f.blob].decode("utf-8")), bool(f.redacted))
+        for f in files
+        if f.language == "python"
     ]
     return Snapshot(
         repo=repo_name,
@@ -419,7 +460,8 @@ def take_snapshot(
         left_out=left_out,
         not_included=not_included,
         outlines=outlines,
-        repo_map=render_repo_map(repo_name, outlines, map_chars),
+        # Outlines show signatures, whose defaults may hold a value the prompts must not show.
+        repo_map=redact_secrets(render_repo_map(repo_name, outlines, map_chars))[0],
     )
 
 

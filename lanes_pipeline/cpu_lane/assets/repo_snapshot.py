@@ -58,6 +58,7 @@ def repo_snapshot(
         {"snapshots.json": [s.model_dump(mode="json") for s in snapshots]},
     )
     left_out = [(s.repo, f.path, f.reason, f.detail) for s in snapshots for f in s.left_out]
+    redacted = [(s.repo, path, ", ".join(kinds)) for s in snapshots for path, kinds in s.redactions().items()]
     return MaterializeResult(
         metadata={
             "repos": len(snapshots),
@@ -67,6 +68,10 @@ def repo_snapshot(
             "left_out_files": len(left_out),
             "commits": MetadataValue.json({s.repo: s.commit for s in snapshots}),
             "left_out": md_table(["repo", "path", "reason", "detail"], left_out),
+            # Values redacted in prompts (types only): "N values redacted in F files".
+            "redacted_values": sum(len(kinds.split(", ")) for _, _, kinds in redacted),
+            "redacted_files": len(redacted),
+            "redacted": md_table(["repo", "path", "types of the values redacted"], redacted),
             "repo_map": MetadataValue.md("\n\n".join(f"```\n{s.repo_map}\n```" for s in snapshots)),
             "artifact_hash": content_hash,
         }

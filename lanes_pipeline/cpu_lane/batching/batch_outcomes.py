@@ -18,6 +18,7 @@ from lanes_pipeline.cpu_lane.batching.batch_models import (
 from lanes_pipeline.cpu_lane.batching.client import ServerInfo
 from lanes_pipeline.errors import LaneStatusError, LaneUnreachableError
 from lanes_pipeline.http import ChatResponse
+from lanes_pipeline.sandbox.safety import redacted
 
 
 class Stopped(Exception):
@@ -84,12 +85,15 @@ def failed(
     cache: ResponseCache, index: int, request: BatchRequest, key: str, info: ServerInfo, failure: ItemFailed
 ) -> ItemResult:
     """The item's failure, recorded in the cache (so the assets remember it) and as its result."""
+    # A parse error quotes the answer (pydantic's `input_value=...`): its secret values are redacted before
+    # the reason reaches the cache, the assets' reasons and the logs.
+    reason = redacted(failure.reason)
     record = FailureRecord(
         key=key,
         fingerprint=info.fingerprint,
         item_id=request.id,
         kind=failure.kind,
-        reason=failure.reason,
+        reason=reason,
         attempts=failure.sent,
         failed_at=time.time(),
     )
@@ -100,5 +104,5 @@ def failed(
         key=key,
         status="failed",
         requests_sent=failure.sent,
-        failure=ItemFailure(kind=failure.kind, reason=failure.reason),
+        failure=ItemFailure(kind=failure.kind, reason=reason),
     )

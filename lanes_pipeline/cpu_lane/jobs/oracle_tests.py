@@ -61,6 +61,7 @@ from lanes_pipeline.sandbox.isolation import (
     run_pytest,
 )
 from lanes_pipeline.sandbox.python_source import parse_python
+from lanes_pipeline.sandbox.safety import redacted
 from lanes_pipeline.settings import SandboxLimits
 
 TestStyle = Literal["oracle", "assertions"]
@@ -340,7 +341,9 @@ def verify_answer(
     )
     common = {"sample": sample, "calls": parsed.calls}
     if run.outcome != "ok" and not run.usable:
-        return AnswerVerdict(status="probe_failed", reason=f"{run.outcome}: {run.detail}"[:600], **common)
+        # The probe's output quotes the answer's calls and the repository's values: redacted when kept.
+        reason = redacted(f"{run.outcome}: {run.detail}"[:600])
+        return AnswerVerdict(status="probe_failed", reason=reason, **common)
     if not run.usable:
         details = "; ".join(sorted({o.detail or o.status for o in run.observations}))
         return AnswerVerdict(status="no_usable_result", reason=details[:600], **common)

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
 from lanes_pipeline.http import ChatMessage
+from lanes_pipeline.sandbox.safety import redacted
 
 
 def json_schema_of(model: type[BaseModel]) -> dict[str, Any]:
@@ -82,6 +83,11 @@ class PromptLayout:
     Layout: system = instructions, then the output schema, then the shared context; user = lead, then the
     varying part. The request records where the varying part starts (`varying_from`), which is also the
     only part the context-fit rule may shrink.
+
+    The shared context and the varying part are repository text: the secret values in them are redacted
+    (`redact_secrets`) here, the one place every CPU-lane prompt passes. A file with a key of a known shape
+    never gets this far (the snapshot leaves it out); what is left is random-looking values (hashes, test
+    vectors), which a model never needs verbatim. The sandbox runs the repository's real bytes.
     """
 
     def __init__(self, task: TaskKind, shared_context: str = "") -> None:
@@ -96,7 +102,7 @@ class PromptLayout:
             # The grammar already forces the shape; saying it in words helps a small model fill it well.
             parts.append("Answer with one JSON object that matches this JSON schema:\n" + schema_text(schema))
         if self.shared_context:
-            parts.append("Context:\n" + self.shared_context.strip())
+            parts.append("Context:\n" + redacted(self.shared_context.strip()))
         return "\n\n".join(parts)
 
     @cached_property
@@ -106,7 +112,10 @@ class PromptLayout:
     def build(self, item_id: str, varying: str, max_tokens: int | None = None) -> BatchRequest:
         return BatchRequest(
             id=item_id,
-            messages=[*self.prefix_messages, ChatMessage(role="user", content=self.task.lead + varying)],
+            messages=[
+                *self.prefix_messages,
+                ChatMessage(role="user", content=self.task.lead + redacted(varying)),
+            ],
             max_tokens=max_tokens or self.task.max_tokens,
             json_schema=self.task.json_schema(),
             output_model=self.task.output_model,

@@ -33,6 +33,7 @@ from lanes_pipeline.http import ChatMessage
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation
 from lanes_pipeline.sandbox.python_source import parse_python
+from lanes_pipeline.sandbox.safety import redacted
 from lanes_pipeline.settings import SandboxLimits
 
 REQUEST_FAILED = "the request failed"  # a sample the lane never answered: not counted as sampled
@@ -85,7 +86,8 @@ def body_targets(
 def body_messages(function: HeldOutFunction, system_prompt: str) -> list[ChatMessage]:
     """The GPU lane's held-out repository task (gpu_lane/repo_tasks.body_task), word for word."""
     symbol = function.symbol
-    prompt = user_prompt("write_body", symbol.path, body_request(symbol), symbol.name)
+    # Repository text: its secret values redacted, as every CPU-lane prompt's (prompts.PromptLayout).
+    prompt = redacted(user_prompt("write_body", symbol.path, body_request(symbol), symbol.name))
     return [ChatMessage(role="system", content=system_prompt), ChatMessage(role="user", content=prompt)]
 
 
