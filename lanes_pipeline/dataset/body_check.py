@@ -65,14 +65,14 @@ class FunctionSandbox:
 
     def __init__(self, sandbox: Sandbox, function: HeldOutFunction) -> None:
         self.sandbox, self.function = sandbox, function
-        # Read as a result, never through a link (host_read): the worktree is the repository's, and every
-        # run of `outcomes` leaves it the tests' to change. None: nothing can be judged (no report).
+        # Read and written as results, never through a link (host_read): every run of `outcomes` leaves the
+        # worktree the tests' to change. None: nothing can be judged (no report).
         try:
             self.module = read_result_text(sandbox.worktree, function.symbol.path)
+            for index, code in enumerate(function.cpu_tests):
+                sandbox.write(cpu_test_path(function, index), code)
         except UnsafeResultError:
             self.module = None
-        for index, code in enumerate(function.cpu_tests):
-            sandbox.write(cpu_test_path(function, index), code)
         self.targets = [
             *function.repo_tests,
             *(cpu_test_path(function, i) for i in range(len(function.cpu_tests))),

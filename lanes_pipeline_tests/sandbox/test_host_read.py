@@ -11,14 +11,17 @@ import os
 import sys
 import textwrap
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
 
 from lanes_pipeline.cpu_lane.jobs.oracles import kills_mutants
+from lanes_pipeline.dataset.body_check import function_sandbox
+from lanes_pipeline.dataset.held_out_tasks import held_out_of_repo
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.gpu_lane.humaneval import _empty_worktree
+from lanes_pipeline.repos.snapshot import FileEntry, Snapshot
 from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result, remove_result, write_result
 from lanes_pipeline.sandbox.isolation import (
     SCRATCH,
@@ -29,6 +32,7 @@ from lanes_pipeline.sandbox.isolation import (
     run_pytest,
 )
 from lanes_pipeline.settings import SandboxLimits
+from lanes_pipeline_tests.cpu_lane.fixtures import SHAPES_MODULE, shapes_repo
 
 
 @pytest.fixture
@@ -199,3 +203,28 @@ def test_humaneval_never_empties_a_host_folder_the_scratch_folder_was_linked_to(
         assert (tmp_path / "keep.txt").read_text() == "mine"
         assert sandbox.scratch.is_dir() and not sandbox.scratch.is_symlink()
         assert list(sandbox.worktree.iterdir()) == [sandbox.scratch]
+
+
+@pytest.mark.parametrize(
+    "swap", ["os.symlink('{host}/canary.json', 'shapes.py')", "os.mkfifo('shapes.py')"], ids=["link", "fifo"]
+)
+def test_a_body_that_swaps_its_module_leaves_the_host_file_alone_and_the_next_body_runs(
+    isolation: Isolation, tmp_path: Path, canary: tuple[str, Path], swap: str
+) -> None:
+    token, host = canary
+    repo, commit = shapes_repo(tmp_path / "shapes")
+    entry = FileEntry(path="shapes.py", blob="0" * 40, size=len(SHAPES_MODULE), language="python")
+    snapshot = Snapshot(repo="r", day=date(2026, 11, 1), branch="HEAD", commit=commit, files=[entry])
+    found = held_out_of_repo(snapshot, repo, 100, {}, LIMITS, isolation).functions
+    double = next(f for f in found if f.symbol.name == "double")
+    body = (
+        "def double(x: int) -> int:\n    import atexit, os\n\n    def _swap():\n"
+        f"        os.remove('shapes.py')\n        {swap.format(host=host)}\n\n"
+        "    atexit.register(_swap)\n    return x * 2\n"
+    )
+    with function_sandbox(double, LIMITS, isolation) as box:
+        swapped = box.outcomes(body)
+        assert swapped and all(o == "passed" for o in swapped.values())
+        real = box.outcomes(None)  # written in place of the link or FIFO, never through it
+        assert real == swapped
+    assert token in (host / "canary.json").read_text()

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from lanes_pipeline.cpu_lane.jobs.tasks import ParsedDiff
+from lanes_pipeline.sandbox.host_read import UnsafeResultError
 from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest
 from lanes_pipeline.settings import SandboxLimits
 
@@ -62,8 +63,11 @@ def check_diff(
         applied = sandbox.run(["git", "apply", PROPOSAL])
         if applied.returncode != 0:
             return DiffCheck(verdict="does_not_apply", reason=applied.output.strip()[-400:])
-        for name, code in sorted(accepted_tests.items()):
-            sandbox.write(name, code)
+        try:  # the applied diff is the model's: a test's folder it made a link is never written through
+            for name, code in sorted(accepted_tests.items()):
+                sandbox.write(name, code)
+        except UnsafeResultError as exc:
+            return DiffCheck(verdict="does_not_apply", reason=str(exc)[:400])
         run = run_pytest(sandbox, ["."])
     if run.outcome == "passed":
         return DiffCheck(verdict="accepted", reason=f"{run.passed} tests passed with the diff applied")
