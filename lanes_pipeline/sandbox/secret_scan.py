@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 import unicodedata
 from dataclasses import dataclass
 
@@ -133,7 +134,7 @@ def _findings(text: str) -> list[Finding]:
             found += _normalised_findings(line.rstrip("\r\n"), starts[index])
     python, folded = _folded_findings(text, lines, starts)
     found += folded
-    found += _respelled_findings(text, lines, python)
+    found += _respelled_findings(text, lines, python or _is_python_fragment(text))
     private = _PRIVATE_KEY.search(text)
     if private:  # detect-secrets reads a PEM header only when the line is the whole key: catch split keys
         end = _PRIVATE_KEY_END.search(text, private.end())
@@ -165,6 +166,18 @@ def _respelled_findings(text: str, lines: list[str], python: bool) -> list[Findi
     kinds = {f.kind for f in _line_findings(rows, [0] * len(rows))}
     kinds |= {f.kind for f in _pattern_findings(respelled, 0)}
     return [Finding(kind, -1, -1) for kind in sorted(kinds - SHAPELESS_SECRETS)]
+
+
+def _is_python_fragment(text: str) -> bool:
+    """An indented piece of Python (a method's lines, a diff's added lines) is code too."""
+    dedented = textwrap.dedent(text)
+    if dedented == text:
+        return False
+    try:
+        parse_python(dedented)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
 
 
 def _keyword_quoted(text: str) -> str:

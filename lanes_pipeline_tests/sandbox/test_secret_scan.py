@@ -106,3 +106,8 @@ def test_a_huge_fold_is_skipped() -> None:
     text = "BIG = " + " + ".join(["'abcdefgh'"] * 2000) + f" + '{AWS}'\n"
     assert "AWS Access Key" in secret_findings(text)  # the key is on its line as written
     assert secret_findings("BIG = " + " + ".join(["'abcdefgh'"] * 2000) + "\n") == []
+
+
+def test_an_indented_fragment_of_code_is_read_as_code_and_a_comment_still_as_text() -> None:
+    assert secret_findings("    password_length = len(text)") == []
+    assert "Secret Keyword" in secret_findings("    x = 1\n    # password=hunter2-Example-Passw0rd\n")
