@@ -1,7 +1,9 @@
 """`generated_docs`: docstrings with usage examples, symbol by symbol (docstring_day), for the symbols
-generated_tests took that day (changed first, then the backlog); `samples_per_item` answers per symbol, each
-accepted only if it names every parameter and its examples pass as doctests in the repository's environment
-inside the sandbox at the snapshot commit. Accepted docstrings come with the symbol as documented (a
+generated_tests took that day (changed first, then the backlog) that have no docstring yet (one the author
+wrote is never replaced); `samples_per_item` answers per symbol, each accepted only if it names every
+parameter, states nothing its code does not bear out (docstring_facts: Args, Raises, Returns, summary) and
+its examples pass as doctests in the repository's environment inside the sandbox at the snapshot commit;
+the row lists the checks it passed. Accepted docstrings come with the symbol as documented (a
 training row of lora_dataset) and the diff of its file. Answers and verdicts are remembered, so a re-run
 asks nothing and runs nothing."""
 
@@ -55,6 +57,7 @@ def doc_row(repo: str, result: DocsResult) -> GeneratedDocRow:
         docstring=best.docstring,
         documented=best.documented,
         diff=best.diff,
+        checks=best.checks,
     )
 
 
@@ -69,8 +72,11 @@ def symbols_tested(rows: list[GeneratedTestRow]) -> dict[str, list[str]]:
 
 def coverage_table(coverage: list[DocsCoverage]) -> Any:
     return md_table(
-        ["repo", "symbols", "with accepted docstring", "asked today", "no environment"],
-        [(c.repo, c.symbols, c.with_accepted_docs, c.asked_today, c.environment) for c in coverage],
+        ["repo", "symbols", "with accepted docstring", "asked today", "documented already", "no environment"],
+        [
+            (c.repo, c.symbols, c.with_accepted_docs, c.asked_today, c.already_documented, c.environment)
+            for c in coverage
+        ],
     )
 
 
@@ -79,8 +85,9 @@ def coverage_table(coverage: list[DocsCoverage]) -> Any:
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
     deps=[repo_snapshot, generated_tests],
-    description="Docstrings with usage examples for the day's symbols (generated_tests' selection): sampled "
-    "per symbol, accepted when they name every parameter and their examples pass as doctests in the sandbox.",
+    description="Docstrings with usage examples for the day's undocumented symbols (generated_tests' "
+    "selection): sampled per symbol, accepted when they name every parameter, state nothing the code does "
+    "not bear out and their examples pass as doctests in the sandbox.",
 )
 @asset_step
 def generated_docs(

@@ -1,11 +1,14 @@
 """`generated_docs`' work: docstrings with examples for the day's symbols, verified in the sandbox.
 
 1. The symbols: the ones generated_tests took that day (its changed symbols first, then its backlog), read
-   again at the day's commit (repos/scan.py).
+   again at the day's commit (repos/scan.py), but those with a docstring of their own: an existing
+   docstring is never replaced (docs/review.md), so none is asked for.
 2. The repository's environment (repo_env), as for generated tests: none needed without dependency files;
    when one is needed and cannot be built, the reason is recorded and no docstring is asked that day.
 3. Each symbol is asked `samples` times (verified_sampling); each answer is read as a docstring
-   (docstrings.py), must name every parameter and hold a `>>>` example of the symbol, and is then written
+   (docstrings.py), must keep any docstring the symbol had (docstring_facts.replaced_docstring_problem),
+   name every parameter, state nothing its code does not bear out (docstring_facts: Args, Raises,
+   Returns, summary) and hold a `>>>` example of the symbol, and is then written
    into the symbol's file inside a sandbox at the day's commit, where its examples run as doctests with the
    repository's Python, `limits.runs` times (a different hash seed each), under the sandbox's limits (a
    hang is killed at `timeout_s`). Equal docstrings are judged once; accepted ones are kept once.
@@ -34,12 +37,18 @@ from lanes_pipeline.cpu_lane.batching.batch_models import (
     names_deterministic_failure,
 )
 from lanes_pipeline.cpu_lane.jobs.docstring_edit import DocstringError, Documented, document
+from lanes_pipeline.cpu_lane.jobs.docstring_facts import (
+    FACT_CHECKS,
+    fact_check_results,
+    replaced_docstring_problem,
+)
 from lanes_pipeline.cpu_lane.jobs.docstrings import (
     MAX_ROUNDS,
     DocStatus,
     continuation,
     docs_batch,
     example_problem,
+    has_docstring,
     missing_parameters,
     read_docstring,
     request_id,
@@ -65,12 +74,22 @@ from lanes_pipeline.sandbox.isolation import (
 from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.settings import SandboxLimits
 
-DOCS_VERSION = 1  # bump when the prompt, the checks or the gate change: remembered results are forgotten
+DOCS_VERSION = 2  # bump when the prompt, the checks or the gate change: remembered results are forgotten
 PROBE_PATH = ".lanes/doctest_probe.py"
 RESULTS_PATH = ".lanes/doctest_results.json"
 SANDBOX_ERROR = "sandbox_error"
-NO_SANDBOX = frozenset(
-    {"no_answer", "no_docstring", "not_inserted", "missing_parameter", "no_example", "unsafe"}
+# The verdicts reached before any sandbox (the pure checks).
+NO_SANDBOX = frozenset(("no_answer", "no_docstring", "not_inserted", "replaces_docstring"))
+NO_SANDBOX |= {"missing_parameter", "contradicts_code", "no_example", "unsafe"}
+# What an accepted answer has passed, in the order verify_doc_answer checks it (GeneratedDocRow.checks):
+# docstring_facts' checks sit between the parameter names and the examples.
+DOC_CHECKS = (
+    "keeps_existing_docstring",
+    "names_every_parameter",
+    *FACT_CHECKS,
+    "example_calls_symbol",
+    "examples_safe",
+    "doctest_passes",
 )
 
 
@@ -81,6 +100,7 @@ class DocAnswer(Frozen):
     docstring: str | None = Field(None, description="the docstring read from the answer (None: none)")
     documented: str | None = Field(None, description="the symbol's source with it in place")
     diff: str | None = None
+    checks: list[str] = Field([], description="the DOC_CHECKS it passed (all of them when accepted)")
 
     @property
     def accepted(self) -> bool:
@@ -129,6 +149,7 @@ class DocsCoverage(Frozen):
     symbols: int
     with_accepted_docs: int
     asked_today: int
+    already_documented: int = Field(0, description="the day's symbols not asked: they have a docstring")
     environment: str = Field("", description="why no docstring was asked (no environment)")
 
 
@@ -240,17 +261,37 @@ def verify_doc_answer(judge: Judge, symbol: Symbol, file_source: str, sample: in
         "documented": documented.symbol_source,
         "diff": documented.diff,
     }
+    passed: list[str] = []
+    # The cheap, pure checks first, in DOC_CHECKS' order: only an answer that passes them all is worth a
+    # sandbox; each refusal keeps the checks passed before it.
+    replaced = replaced_docstring_problem(file_source, symbol.name, value)
+    if replaced is not None:
+        return DocAnswer(status="replaces_docstring", reason=replaced[:600], **common)
+    passed.append("keeps_existing_docstring")
     missing = missing_parameters(symbol, value)
     if missing:
-        return DocAnswer(status="missing_parameter", reason=f"does not name {', '.join(missing)}", **common)
+        reason = f"does not name {', '.join(missing)}"
+        return DocAnswer(status="missing_parameter", reason=reason, checks=passed, **common)
+    passed.append("names_every_parameter")
+    facts = fact_check_results(file_source, symbol.name, value)
+    problems = [p for found in facts.values() for p in found]
+    if problems:
+        reason = "; ".join(problems)[:600]
+        passed += [c for c in FACT_CHECKS if not facts[c]]
+        return DocAnswer(status="contradicts_code", reason=reason, checks=passed, **common)
+    passed += FACT_CHECKS
     problem = example_problem(symbol, value)
     if problem is not None:
-        return DocAnswer(status="no_example", reason=problem, **common)
+        return DocAnswer(status="no_example", reason=problem, checks=passed, **common)
+    passed.append("example_calls_symbol")
     unsafe = unsafe_examples(value)
     if unsafe:
-        return DocAnswer(status="unsafe", reason=", ".join(unsafe)[:600], **common)
+        return DocAnswer(status="unsafe", reason=", ".join(unsafe)[:600], checks=passed, **common)
+    passed.append("examples_safe")
     status, reason = judge(symbol, documented)
-    return DocAnswer(status=status, reason=reason, **common)
+    if status == "accepted":
+        passed.append("doctest_passes")
+    return DocAnswer(status=status, reason=reason, checks=passed, **common)
 
 
 def _no_answer(sample: int, item: ItemResult | None) -> DocAnswer:
@@ -344,7 +385,9 @@ class DocsDay:
         paths = snapshot.code_paths()
         today = symbols_at(repo, snapshot.commit, paths)
         by_id = today.by_id()
-        targets = [by_id[i] for i in dict.fromkeys(symbol_ids) if i in by_id]
+        chosen = [by_id[i] for i in dict.fromkeys(symbol_ids) if i in by_id]
+        # Chosen here, before any request: a symbol with a docstring is never asked (nothing replaces it).
+        targets = [s for s in chosen if not has_docstring(s)]
         register_key = memo_key("docs_register", DOCS_VERSION, snapshot.repo)
         accepted = set((self.register.get(register_key) or {"accepted": []})["accepted"])
         python, reason = repo_python(repo, snapshot.commit, self.data_dir) if targets else (None, "")
@@ -367,6 +410,7 @@ class DocsDay:
             symbols=len(today.symbols),
             with_accepted_docs=sum(s.id in accepted for s in today.symbols),
             asked_today=len(targets),
+            already_documented=len(chosen) - len(targets),
             environment=reason,
         )
         return results, coverage

@@ -12,10 +12,12 @@ other. When the answer lacks a section (a small model often stops after its summ
 opened for it (`Args:` and the first parameter's name, or `Examples:` and `>>> f(`) and it goes on from
 there in another round (`continuation`), up to MAX_ROUNDS in all.
 
-An answer becomes a docstring literal as written (its escapes and all), re-indented for its place. It is
-accepted (docstring_day.py) only if it names every parameter of the symbol, holds at least one `>>>`
-example calling the symbol, stays within the sandbox policy, and its examples pass as doctests in the
-repository's environment inside the sandbox at the day's commit.
+Only symbols without a docstring are asked (`has_docstring`): a docstring the author wrote is never
+replaced. An answer becomes a docstring literal as written (its escapes and all), re-indented for its
+place. It is accepted (docstring_day.py) only if it names every parameter of the symbol, states nothing
+the code does not bear out (docstring_facts.py: its Args, Raises, Returns and summary), holds at least one
+`>>>` example calling the symbol, stays within the sandbox policy, and its examples pass as doctests in
+the repository's environment inside the sandbox at the day's commit.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
 from lanes_pipeline.cpu_lane.jobs.docstring_edit import Definition, DocstringError, set_docstring
+from lanes_pipeline.cpu_lane.jobs.docstring_facts import proposal_problems
 from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout, TaskKind, register
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import DEFAULT_TEMPERATURE, samples_of
 from lanes_pipeline.dataset.writer import Candidate
@@ -89,7 +92,9 @@ EXAMPLE_ANSWER = (
 DocRejection = Literal[
     "no_docstring",  # no text, or not a string literal
     "not_inserted",  # the docstring cannot be written into the symbol (e.g. a one-line `def`)
+    "replaces_docstring",  # the symbol has a docstring and this one does not keep it as its start
     "missing_parameter",  # does not name every parameter
+    "contradicts_code",  # states what the code does not bear out (docstring_facts: args, raises, ...)
     "no_example",  # no `>>>` example calling the symbol, or examples doctest cannot read
     "unsafe",  # an example reaches for processes, sockets or dynamic code (safety.unsafe_calls)
     "fails_doctest",  # the examples do not pass in the sandbox (failure, error, timeout)
@@ -99,7 +104,9 @@ FURTHEST: tuple[DocStatus, ...] = (
     "fails_doctest",
     "unsafe",
     "no_example",
+    "contradicts_code",
     "missing_parameter",
+    "replaces_docstring",
     "not_inserted",
     "no_docstring",
     "no_answer",
@@ -139,6 +146,12 @@ def parameters(symbol: Symbol) -> list[str]:
     names = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
     names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
     return [n for n in names if n not in EXCLUDED_PARAMETERS]
+
+
+def has_docstring(symbol: Symbol) -> bool:
+    """Whether the symbol has a docstring of its own: the job never asks for one then (docs/review.md,
+    "What a docstring commit has been checked for"), so no request is spent on an answer it would refuse."""
+    return ast.get_docstring(definition(symbol)) is not None
 
 
 def missing_parameters(symbol: Symbol, docstring: str) -> list[str]:
@@ -401,21 +414,33 @@ def docs_candidates(
     rows: Sequence[GeneratedDocRow], sources: Mapping[tuple[str, str], str]
 ) -> list[Candidate]:
     """One `write_docs` candidate per accepted row: the file's source (`sources[(repo, path)]`, the day's
-    commit) as the code, the documented symbol in a ```python block as the answer."""
+    commit) as the code, the documented symbol in a ```python block as the answer. A row accepted before
+    docstring_facts' checks (an older day's artifact) that they refuse is no candidate: what the review
+    branch would refuse does not train the adapter either."""
     found: list[Candidate] = []
     for row in rows:
         if not row.accepted or row.documented is None:
             continue
         if (row.repo, row.path) not in sources:
             raise KeyError(f"generated_docs row {row.repo}:{row.path}::{row.symbol}: no source of that file")
+        source = sources[(row.repo, row.path)]
+        if row.docstring is not None and _refused(source, row.symbol, row.docstring):
+            continue
         found.append(
             Candidate(
                 task="write_docs",
                 repo=row.repo,
                 path=row.path,
-                code=sources[(row.repo, row.path)],
+                code=source,
                 answer=f"```python\n{row.documented.rstrip()}\n```",
                 symbol=row.symbol,
             )
         )
     return found
+
+
+def _refused(source: str, symbol: str, docstring: str) -> bool:
+    try:
+        return bool(proposal_problems(source, symbol, docstring))
+    except (DocstringError, SyntaxError):
+        return True  # the symbol is not in the file as committed: nothing to teach from

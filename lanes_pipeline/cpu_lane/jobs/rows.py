@@ -25,6 +25,10 @@ def _unset(value: object) -> bool:
     return value is None
 
 
+def _empty(value: list[str]) -> bool:
+    return not value
+
+
 class Row(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -143,6 +147,11 @@ class GeneratedDocRow(Row):
     docstring: str | None = Field(None, exclude_if=_unset)
     documented: str | None = Field(None, exclude_if=_unset, description="the symbol's source, documented")
     diff: str | None = Field(None, exclude_if=_unset, description="unified diff of the file (git apply)")
+    # Left out when empty, so an older day's results.json (written before the checks were listed) still
+    # reads and a row that passed none keeps its old shape.
+    checks: list[str] = Field(
+        [], exclude_if=_empty, description="the checks its docstring passed (docstring_day.DOC_CHECKS)"
+    )
 
     @property
     def accepted(self) -> bool:

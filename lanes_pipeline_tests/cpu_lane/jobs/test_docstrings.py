@@ -22,6 +22,7 @@ from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemFailure, ItemResult
 from lanes_pipeline.cpu_lane.batching.batch_summary import summarize
 from lanes_pipeline.cpu_lane.jobs.docstring_day import (
+    DOC_CHECKS,
     DocAnswer,
     DocsConfig,
     DocsDay,
@@ -86,6 +87,9 @@ class Counter:
         self.value += by
         return self.value
 '''
+# The tiny repository the gate and the day run on: `shout` without its docstring, since a symbol that has
+# one is never asked (an existing docstring is never replaced).
+UNDOCUMENTED = TEXT.replace('    """Old words."""\n', "")
 GOOD = '''Shout the text.
 
     Args:
@@ -236,7 +240,7 @@ def doc_result_row(verdict: str, documented: str | None) -> GeneratedDocRow:
         reason="why",
         sampled=2,
         accepted_answers=1 if verdict == "accepted" else 0,
-        docstring="Shout.",
+        docstring="Old words.\n\nShout `text`, `times` times over.",  # keeps the existing docstring
         documented=documented,
         diff="d",
     )
@@ -249,6 +253,14 @@ def test_candidates_are_the_accepted_rows_with_the_documented_symbol() -> None:
     assert candidate.answer == "```python\ndef shout(text):\n    ...\n```"
     with pytest.raises(KeyError, match=r"generated_docs row r:text\.py::shout: no source of that file"):
         docs_candidates(rows, {})
+
+
+def test_an_accepted_row_the_facts_refuse_is_no_candidate() -> None:
+    # An older day's row, accepted before docstring_facts: what the review branch would refuse does not train.
+    row = doc_result_row("accepted", "def shout(text):\n    ...")
+    replaced = row.model_copy(update={"docstring": "Shout the text."})
+    phantom = row.model_copy(update={"docstring": "Old words.\n\nArgs:\n    text: t.\n    loud: l."})
+    assert docs_candidates([replaced, phantom], {("r", "text.py"): TEXT}) == []
 
 
 def test_a_probe_run_reads_as_passed_failed_or_killed() -> None:
@@ -295,7 +307,9 @@ def test_the_docs_kind_of_the_yield_benchmark_counts_sampled_and_accepted_answer
 
 
 def tiny_repo(root: Path) -> tuple[Path, str]:
-    spec = CommitSpec(when=datetime(2026, 11, 1, 10, tzinfo=UTC), message="text", files={"text.py": TEXT})
+    spec = CommitSpec(
+        when=datetime(2026, 11, 1, 10, tzinfo=UTC), message="text", files={"text.py": UNDOCUMENTED}
+    )
     return root, build_history(root, [spec])
 
 
@@ -313,11 +327,11 @@ def test_the_sandbox_accepts_right_examples_and_rejects_wrong_or_hanging_ones(tm
         limits=SandboxLimits(timeout_s=5, memory_mb=768, runs=2),
         isolation=detect_isolation(),
     )
-    shout = symbols()["shout"]
+    shout = symbols(UNDOCUMENTED)["shout"]
     no_times = GOOD.replace("        times: how often.\n", "").replace("times=2", "").replace("HI!HI!", "HI!")
     items = [answered(shout, i, text) for i, text in enumerate([GOOD, WRONG, no_times, GOOD, HANG])]
     judge = _Judged(place)
-    [result] = verify_docs_answers(judge, [shout], {"text.py": TEXT}, items, samples=6)
+    [result] = verify_docs_answers(judge, [shout], {"text.py": UNDOCUMENTED}, items, samples=6)
     verdicts = [(a.status, a.reason) for a in result.answers]
     assert verdicts[0] == ("accepted", "1 examples passed in 2 of 2 runs")
     assert (
@@ -331,8 +345,9 @@ def test_the_sandbox_accepts_right_examples_and_rejects_wrong_or_hanging_ones(tm
     assert result.tally.sampled == 6 and result.tally.accepted == 2
     row = doc_row("r", result)
     assert row.accepted and row.documented is not None and row.diff is not None
+    assert row.checks == list(DOC_CHECKS)  # the accepted row says what it was checked for
     (tmp_path / "apply").mkdir()
-    git_apply_check(tmp_path / "apply", "text.py", TEXT, row.diff)
+    git_apply_check(tmp_path / "apply", "text.py", UNDOCUMENTED, row.diff)
 
 
 class FakeLane:
@@ -377,7 +392,7 @@ def test_sections_an_answer_left_out_are_opened_for_it_in_further_rounds(tmp_pat
     place = VerifyPlace(
         repo=repo, commit=commit, limits=SandboxLimits(timeout_s=30, runs=1), isolation=detect_isolation()
     )
-    shout, lane = symbols()["shout"], RoundsLane()
+    shout, lane = symbols(UNDOCUMENTED)["shout"], RoundsLane()
     results, batches = run_docs(lane, place, [shout], "map", samples=1)
     assert [r.id for r in lane.asked] == [
         "docs:text.py::shout#s0",
@@ -443,10 +458,24 @@ def test_a_day_asks_the_chosen_symbols_once_and_a_rerun_asks_nothing(tmp_path: P
     assert statuses == [("shout", "accepted"), ("Counter", "missing_parameter")]
     assert coverage is not None
     assert (coverage.symbols, coverage.with_accepted_docs, coverage.asked_today) == (4, 1, 2)
-    assert day.verified == 1
+    assert day.verified == 1 and coverage.already_documented == 0
+    assert results[0].answers[0].checks == list(DOC_CHECKS)  # an accepted answer lists every check
     lane.asked.clear()
     again, coverage_again = day.run(snapshot_of(repo, commit), repo, chosen, lane, lambda: isolation)
     assert lane.asked == [] and again == results and coverage_again == coverage and day.verified == 1
+
+
+def test_a_symbol_with_a_docstring_is_never_asked(tmp_path: Path) -> None:
+    spec = CommitSpec(when=datetime(2026, 11, 1, 10, tzinfo=UTC), message="text", files={"text.py": TEXT})
+    repo = tmp_path / "repo"
+    commit = build_history(repo, [spec])
+    store = ArtifactStore(tmp_path / "artifacts")
+    config = DocsConfig(model="m", samples=1, limits=SandboxLimits(timeout_s=30, runs=1))
+    day = DocsDay(Memo(store, "symbol_docs"), Memo(store, "docs_register"), config, tmp_path)
+    lane = FakeLane(GOOD)
+    results, coverage = day.run(snapshot_of(repo, commit), repo, ["text.py::shout"], lane, detect_isolation)
+    assert lane.asked == [] and results == [] and day.verified == 0
+    assert coverage is not None and (coverage.asked_today, coverage.already_documented) == (0, 1)
 
 
 def test_generated_tests_rows_give_the_day_symbols_in_order() -> None:
@@ -532,7 +561,9 @@ def test_generated_docs_asks_the_lane_judges_every_answer_and_a_rerun_asks_nothi
         "accepted",
         "no_docstring",
         "not_inserted",
+        "replaces_docstring",
         "missing_parameter",
+        "contradicts_code",
         "no_example",
         "unsafe",
         "fails_doctest",
