@@ -15,10 +15,10 @@ symbol's syntax tree in its module:
   A documented base class of a raised exception counts (LookupError for a raised KeyError). Lenient where
   the code hides what it raises: a bare `raise` outside a typed handler, or `raise err` of a variable, accepts
   any entry. Exceptions from builtins only where the operation provably raises them on some value: `next`
-  (StopIteration), `int`/`float`/`complex`/`.index`/`.remove` (ValueError), a subscript (KeyError,
-  IndexError), `/`, `//`, `%` by a non-literal (ZeroDivisionError), `getattr` without a default
-  (AttributeError), `open` (OSError). Never TypeError: a wrong-type call is not what a function raises on
-  purpose (issue 54).
+  (StopIteration), `int`/`float`/`complex`/`.index`/`.remove` (ValueError), a subscript but a slice
+  (KeyError, IndexError), `/`, `//`, `%` by a non-literal (ZeroDivisionError), `getattr` without a
+  default (AttributeError), `open` (OSError). Never TypeError: a wrong-type call is not what a function
+  raises on purpose (issue 54).
 - `returns`: a `Returns` section (not `Yields`) is refused on a function whose body returns no value (only
   bare `return`, `return None` or none; generators, stubs and abstract methods excepted) or annotated
   `-> None`, and when the section's type and the annotation are both simple names that differ. A section
@@ -77,14 +77,38 @@ def _google_parser() -> google.GoogleParser:
     return google.GoogleParser(sections=[*google.DEFAULT_SECTIONS, *extra])
 
 
+def _colon_entries(text: str) -> str:
+    """`text` with a colon after each Google section entry that lacks one (`Raises:` then `TypeError,
+    ValueError`, as issue 54's answer wrote it): the parser refuses the whole docstring without it."""
+    titles = {s.title for s in google.DEFAULT_SECTIONS} | set(_EXTRA_PARAMETER_SECTIONS)
+    lines, entry_indent = text.splitlines(), None
+    for index, line in enumerate(lines):
+        indent = len(line) - len(line.lstrip())
+        if line.strip().rstrip(":") in titles and line.rstrip().endswith(":"):
+            entry_indent = -1  # the next indented line sets the entries' indentation
+            continue
+        if entry_indent is None or not line.strip():
+            continue
+        if entry_indent == -1:
+            entry_indent = indent
+        if indent < entry_indent or indent == 0:
+            entry_indent = None
+        elif indent == entry_indent and ":" not in line:
+            lines[index] = line.rstrip() + ":"
+    return "\n".join(lines)
+
+
 def read_sections(docstring: str) -> Docstring:
     """The docstring read in the style that finds the most sections (a style that cannot read it is left
     out; none: the text as its description, no sections)."""
     text = inspect.cleandoc(docstring)
     found: list[Docstring] = []
-    for parse in (_google_parser().parse, numpydoc.parse, rest.parse):
+    google_parse = _google_parser().parse
+    attempts = [(google_parse, text), (google_parse, _colon_entries(text))]
+    attempts += [(numpydoc.parse, text), (rest.parse, text)]
+    for parse, written in attempts:
         try:
-            found.append(parse(text))
+            found.append(parse(written))
         except (ParseError, ValueError, IndexError):
             continue
     if not found:
@@ -190,8 +214,8 @@ def _direct_raises(node: Definition) -> set[str]:
             found.update([_exception_name(child.exc)] if child.exc is not None else (handler or [_ANY]))
         elif isinstance(child, ast.Assert):
             found.add("AssertionError")
-        elif isinstance(child, ast.Subscript) and isinstance(child.ctx, ast.Load):
-            found.update(("KeyError", "IndexError"))
+        elif isinstance(child, ast.Subscript) and not isinstance(child.slice, ast.Slice):
+            found.update(("KeyError", "IndexError"))  # a slice never raises either
         elif isinstance(child, ast.BinOp) and isinstance(child.op, (ast.Div, ast.FloorDiv, ast.Mod)):
             if not isinstance(child.right, ast.Constant):
                 found.add("ZeroDivisionError")
@@ -332,7 +356,9 @@ def summary_problems(symbol: str, parsed: Docstring) -> list[str]:
         return [f"Summary: {symbol} has no summary line"]
     name = symbol.rsplit(".", 1)[-1]
     words = [w for w in _words(summary) if w not in _FILLER]
-    if set(words) <= set(_words(name)):
+    own = _words(name)
+    # `Is power of two` for is_power_of_two, `Context manager.` for contextmanager.
+    if set(words) <= set(own) or "".join(words) == "".join(own):
         return [f"Summary: {summary!r} only restates the name {name}"]
     return []
 
