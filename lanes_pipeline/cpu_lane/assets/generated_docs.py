@@ -1,11 +1,11 @@
 """`generated_docs`: docstrings with usage examples, symbol by symbol (docstring_day), for the symbols
-generated_tests took that day (changed first, then the backlog) that have no docstring yet (one the author
-wrote is never replaced); `samples_per_item` answers per symbol, each accepted only if it names every
-parameter, states nothing its code does not bear out (docstring_facts: Args, Raises, Returns, summary) and
-its examples pass as doctests in the repository's environment inside the sandbox at the snapshot commit;
-the row lists the checks it passed. Accepted docstrings come with the symbol as documented (a
-training row of lora_dataset) and the diff of its file. Answers and verdicts are remembered, so a re-run
-asks nothing and runs nothing."""
+generated_tests took that day (changed first, then the backlog) whose docstring is missing or lacks its
+parameters or an example (what the author wrote is kept verbatim and only extended); `samples_per_item`
+answers per symbol, each accepted only if it names every parameter, states nothing its code does not bear
+out (docstring_facts: Args, Raises, Returns, summary) and its examples pass as doctests in the repository's
+environment inside the sandbox at the snapshot commit; the row lists the checks it passed. Accepted
+docstrings come with the symbol as documented (a training row of lora_dataset) and the diff of its file.
+Answers and verdicts are remembered, so a re-run asks nothing and runs nothing."""
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 from collections import Counter
@@ -85,9 +85,10 @@ def coverage_table(coverage: list[DocsCoverage]) -> Any:
     pool="cpu_lane",
     retry_policy=LANE_RETRY,
     deps=[repo_snapshot, generated_tests],
-    description="Docstrings with usage examples for the day's undocumented symbols (generated_tests' "
-    "selection): sampled per symbol, accepted when they name every parameter, state nothing the code does "
-    "not bear out and their examples pass as doctests in the sandbox.",
+    description="Docstrings with usage examples for the day's symbols whose docstring is missing or "
+    "incomplete (generated_tests' selection; the author's words kept verbatim): sampled per symbol, "
+    "accepted when they name every parameter, state nothing the code does not bear out and their "
+    "examples pass as doctests in the sandbox.",
 )
 @asset_step
 def generated_docs(

@@ -1,8 +1,8 @@
 """`generated_docs`' work: docstrings with examples for the day's symbols, verified in the sandbox.
 
 1. The symbols: the ones generated_tests took that day (its changed symbols first, then its backlog), read
-   again at the day's commit (repos/scan.py), but those with a docstring of their own: an existing
-   docstring is never replaced (docs/review.md), so none is asked for.
+   again at the day's commit (repos/scan.py), but those whose own docstring already has its sections: an
+   existing docstring is never replaced, only extended after its text (docs/review.md).
 2. The repository's environment (repo_env), as for generated tests: none needed without dependency files;
    when one is needed and cannot be built, the reason is recorded and no docstring is asked that day.
 3. Each symbol is asked `samples` times (verified_sampling); each answer is read as a docstring
@@ -48,8 +48,8 @@ from lanes_pipeline.cpu_lane.jobs.docstrings import (
     continuation,
     docs_batch,
     example_problem,
-    has_docstring,
     missing_parameters,
+    needs_docstring,
     read_docstring,
     request_id,
     sample_of,
@@ -149,7 +149,9 @@ class DocsCoverage(Frozen):
     symbols: int
     with_accepted_docs: int
     asked_today: int
-    already_documented: int = Field(0, description="the day's symbols not asked: they have a docstring")
+    already_documented: int = Field(
+        0, description="the day's symbols not asked: their docstring has its Args and an example already"
+    )
     environment: str = Field("", description="why no docstring was asked (no environment)")
 
 
@@ -386,8 +388,8 @@ class DocsDay:
         today = symbols_at(repo, snapshot.commit, paths)
         by_id = today.by_id()
         chosen = [by_id[i] for i in dict.fromkeys(symbol_ids) if i in by_id]
-        # Chosen here, before any request: a symbol with a docstring is never asked (nothing replaces it).
-        targets = [s for s in chosen if not has_docstring(s)]
+        # Chosen here, before any request: a symbol whose docstring already has its sections is not asked.
+        targets = [s for s in chosen if needs_docstring(s)]
         register_key = memo_key("docs_register", DOCS_VERSION, snapshot.repo)
         accepted = set((self.register.get(register_key) or {"accepted": []})["accepted"])
         python, reason = repo_python(repo, snapshot.commit, self.data_dir) if targets else (None, "")

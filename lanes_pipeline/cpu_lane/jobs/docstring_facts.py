@@ -27,7 +27,7 @@ symbol's syntax tree in its module:
   `Return the gcd.`: words compared lower-cased, with a few filler words left out).
 
 `replaced_docstring_problem` is the rule that an existing docstring is never replaced: a proposal must keep
-it verbatim as its start.
+it verbatim as its start, and only what it adds is judged (a problem the author's text has is theirs).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ _CALL_RAISES = {
     "getattr": ("AttributeError",),
     "open": ("OSError",),
 }
-_ANY = "*"  # the code raises something this reading cannot name: any entry is accepted
+ANY_EXCEPTION = "*"  # the code raises something this reading cannot name: any entry is accepted
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -114,6 +114,12 @@ def read_sections(docstring: str) -> Docstring:
     if not found:
         return docstring_parser.Docstring()
     return max(found, key=lambda d: len(d.meta))
+
+
+def documents_parameters(docstring: str) -> bool:
+    """Whether the docstring has a parameter section in any style (`Args:`, `Parameters` + dashes,
+    `:param x:`): an extension then opens no `Args:` of its own."""
+    return bool(read_sections(docstring).params)
 
 
 def _names(text: str | None) -> list[str]:
@@ -184,25 +190,26 @@ def signature_parameters(node: Definition) -> list[str] | None:
 
 
 def _exception_name(expr: ast.expr) -> str:
-    """`X`, `X(...)`, `mod.X(...)` -> `X`; a variable (`raise err`) -> _ANY."""
+    """`X`, `X(...)`, `mod.X(...)` -> `X`; a variable (`raise err`) -> ANY_EXCEPTION."""
     target = expr.func if isinstance(expr, ast.Call) else expr
     name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
     if name and (name[0].isupper() or name.endswith(("Error", "Exception", "Warning", "Exit", "Interrupt"))):
         return name
-    return _ANY
+    return ANY_EXCEPTION
 
 
 def _handler_types(handler: ast.ExceptHandler) -> list[str]:
     if handler.type is None:
-        return [_ANY]
+        return [ANY_EXCEPTION]
     types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
     names = [_exception_name(t) for t in types]
     # A bare `raise` under `except Exception` re-raises whatever came: nothing this reading can name.
-    return [_ANY if n in ("Exception", "BaseException") else n for n in names]
+    return [ANY_EXCEPTION if n in ("Exception", "BaseException") else n for n in names]
 
 
-def _direct_raises(node: Definition) -> set[str]:
-    """What the definition's own body raises (see the module's docstring)."""
+def _direct_raises(node: Definition, deliberate: bool = False) -> set[str]:
+    """What the definition's own body raises (see the module's docstring); `deliberate`: only its `raise`
+    statements, none of what an operation or an `assert` raises on its own."""
     found: set[str] = set()
 
     def visit(child: ast.AST, handler: list[str] | None) -> None:
@@ -211,7 +218,11 @@ def _direct_raises(node: Definition) -> set[str]:
         if isinstance(child, ast.ExceptHandler):
             handler = _handler_types(child)
         if isinstance(child, ast.Raise):
-            found.update([_exception_name(child.exc)] if child.exc is not None else (handler or [_ANY]))
+            found.update(
+                [_exception_name(child.exc)] if child.exc is not None else (handler or [ANY_EXCEPTION])
+            )
+        elif deliberate:
+            pass
         elif isinstance(child, ast.Assert):
             found.add("AssertionError")
         elif isinstance(child, ast.Subscript) and not isinstance(child.slice, ast.Slice):
@@ -267,28 +278,35 @@ def _owner_of(tree: ast.Module, node: Definition) -> ast.ClassDef | None:
     return next((c for c in tree.body if isinstance(c, ast.ClassDef) and node in c.body), None)
 
 
-def raisable(tree: ast.Module, node: Definition) -> set[str]:
+def raisable(tree: ast.Module, node: Definition, deliberate: bool = False) -> set[str]:
     """Every exception the definition can raise as read here (a class: any of its methods), through the
-    module's functions it calls, transitively; `_ANY` among them when some raise cannot be named."""
+    module's functions it calls, transitively; `ANY_EXCEPTION` among them when some raise cannot be named.
+    `deliberate`: only what their `raise` statements raise."""
+    return set().union(*(_direct_raises(d, deliberate) for d in reached_definitions(tree, node)))
+
+
+def reached_definitions(tree: ast.Module, node: Definition) -> list[Definition]:
+    """The functions that run when the definition does, as read here: itself (a class: its methods) and
+    the module's functions and methods they call by name, transitively."""
     pending: list[Definition] = (
         [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         if isinstance(node, ast.ClassDef)
         else [node]
     )
     seen: set[int] = set()
-    found: set[str] = set()
+    found: list[Definition] = []
     while pending:
         current = pending.pop()
         if id(current) in seen:
             continue
         seen.add(id(current))
-        found |= _direct_raises(current)
+        found.append(current)
         owner = node if isinstance(node, ast.ClassDef) else _owner_of(tree, current)
         pending += _callees(current, tree, owner)
     return found
 
 
-def _ancestors(name: str, tree: ast.Module) -> set[str]:
+def exception_ancestors(name: str, tree: ast.Module) -> set[str]:
     """`name` and the classes it derives from: through the module's own classes, then the builtins."""
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     found, pending = set(), [name]
@@ -391,9 +409,9 @@ def raises_problems(symbol: str, tree: ast.Module, node: Definition, parsed: Doc
     if not entries:
         return []
     raised = raisable(tree, node)
-    if _ANY in raised:
+    if ANY_EXCEPTION in raised:
         return []
-    reachable = set().union(*(_ancestors(r, tree) for r in raised)) if raised else set()
+    reachable = set().union(*(exception_ancestors(r, tree) for r in raised)) if raised else set()
     return [
         f"Raises: `{n}` is never raised by {symbol} (nor by a function of its module it calls)"
         for n in dict.fromkeys(entries)
@@ -426,13 +444,7 @@ def returns_problems(symbol: str, node: Definition, parsed: Docstring) -> list[s
     return []
 
 
-def fact_check_results(source: str, symbol: str, docstring: str) -> dict[str, list[str]]:
-    """Each check of FACT_CHECKS with its problems (empty: passed)."""
-    tree = parse_python(source)
-    try:
-        node = find_node(tree, symbol)
-    except DocstringError as exc:
-        return {check: [f"{check}: {exc}"] for check in FACT_CHECKS}
+def _check_all(tree: ast.Module, node: Definition, symbol: str, docstring: str) -> dict[str, list[str]]:
     parsed = read_sections(docstring)
     return {
         "summary": summary_problems(symbol, parsed),
@@ -440,6 +452,23 @@ def fact_check_results(source: str, symbol: str, docstring: str) -> dict[str, li
         "raises": raises_problems(symbol, tree, node, parsed),
         "returns": returns_problems(symbol, node, parsed),
     }
+
+
+def fact_check_results(source: str, symbol: str, docstring: str) -> dict[str, list[str]]:
+    """Each check of FACT_CHECKS with its problems (empty: passed). A problem the symbol's own docstring
+    already has (an extension keeps it verbatim) is the author's, not the proposal's, and is left out:
+    only what the proposal adds is judged."""
+    tree = parse_python(source)
+    try:
+        node = find_node(tree, symbol)
+    except DocstringError as exc:
+        return {check: [f"{check}: {exc}"] for check in FACT_CHECKS}
+    found = _check_all(tree, node, symbol, docstring)
+    own = ast.get_docstring(node)
+    if own is None:
+        return found
+    authors = _check_all(tree, node, symbol, own)
+    return {check: [p for p in problems if p not in authors[check]] for check, problems in found.items()}
 
 
 def docstring_fact_problems(source: str, symbol: str, docstring: str) -> list[str]:

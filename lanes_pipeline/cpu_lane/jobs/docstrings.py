@@ -12,12 +12,14 @@ other. When the answer lacks a section (a small model often stops after its summ
 opened for it (`Args:` and the first parameter's name, or `Examples:` and `>>> f(`) and it goes on from
 there in another round (`continuation`), up to MAX_ROUNDS in all.
 
-Only symbols without a docstring are asked (`has_docstring`): a docstring the author wrote is never
-replaced. An answer becomes a docstring literal as written (its escapes and all), re-indented for its
-place. It is accepted (docstring_day.py) only if it names every parameter of the symbol, states nothing
-the code does not bear out (docstring_facts.py: its Args, Raises, Returns and summary), holds at least one
-`>>>` example calling the symbol, stays within the sandbox policy, and its examples pass as doctests in
-the repository's environment inside the sandbox at the day's commit.
+A symbol's own docstring is never replaced, only extended (`kept_docstring`): its text is put in the
+answer's start verbatim, followed by a new paragraph, so the model writes only what comes after it (its
+missing `Args:` and `Examples:`); a symbol whose docstring has both is not asked (`needs_docstring`). An
+answer becomes a docstring literal as written (its escapes and all), re-indented for its place. It is
+accepted (docstring_day.py) only if it keeps the symbol's docstring as its start, names every parameter,
+states nothing the code does not bear out (docstring_facts.py: its Args, Raises, Returns and summary),
+holds at least one `>>>` example calling the symbol, stays within the sandbox policy, and its examples pass
+as doctests in the repository's environment inside the sandbox at the day's commit.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Literal
 
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest
 from lanes_pipeline.cpu_lane.jobs.docstring_edit import Definition, DocstringError, set_docstring
-from lanes_pipeline.cpu_lane.jobs.docstring_facts import proposal_problems
+from lanes_pipeline.cpu_lane.jobs.docstring_facts import documents_parameters, proposal_problems
 from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout, TaskKind, register
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import DEFAULT_TEMPERATURE, samples_of
 from lanes_pipeline.dataset.writer import Candidate
@@ -148,10 +150,29 @@ def parameters(symbol: Symbol) -> list[str]:
     return [n for n in names if n not in EXCLUDED_PARAMETERS]
 
 
-def has_docstring(symbol: Symbol) -> bool:
-    """Whether the symbol has a docstring of its own: the job never asks for one then (docs/review.md,
-    "What a docstring commit has been checked for"), so no request is spent on an answer it would refuse."""
-    return ast.get_docstring(definition(symbol)) is not None
+def kept_docstring(symbol: Symbol) -> str | None:
+    """The symbol's own docstring as the start of an answer (its lines re-indented for the body), None when
+    it has none. A docstring whose text holds a backslash or triple quotes cannot be carried verbatim
+    through an answer's literal; it is kept whole too, and `needs_docstring` leaves the symbol alone."""
+    found = ast.get_docstring(definition(symbol))
+    if found is None:
+        return None
+    indent = _body_indent(symbol)
+    first, *rest = found.splitlines() or [""]
+    return "\n".join([first, *(indent + line if line else "" for line in rest)])
+
+
+def _carries_verbatim(docstring: str) -> bool:
+    return "\\" not in docstring and QUOTES not in docstring and "'''" not in docstring
+
+
+def needs_docstring(symbol: Symbol) -> bool:
+    """Whether the job asks for the symbol: it has no docstring, or its docstring (carried verbatim) lacks
+    a section `missing_section` would open. A complete docstring is the author's, and nothing is asked."""
+    kept = kept_docstring(symbol)
+    if kept is None:
+        return True
+    return _carries_verbatim(kept) and missing_section(symbol, kept) is not None
 
 
 def missing_parameters(symbol: Symbol, docstring: str) -> list[str]:
@@ -199,6 +220,17 @@ def prefill(symbol: Symbol) -> str:
     return "\n".join(lines) + "\n" + _body_indent(symbol) + QUOTES
 
 
+def answer_start(symbol: Symbol) -> str:
+    """The first round's start of the answer: the prefill, then for a documented symbol its docstring as
+    written and a new paragraph, so the model writes only what follows it (a section it still leaves out
+    is opened in the next round, `continuation`)."""
+    start = prefill(symbol)
+    kept = kept_docstring(symbol)
+    if kept is None:
+        return start
+    return start + kept.rstrip() + "\n\n" + _body_indent(symbol)
+
+
 def undocumented_source(symbol: Symbol) -> str:
     """The symbol's source without its own docstring (as is when it has none or it cannot be cut)."""
     source = parse_symbol(symbol).source
@@ -215,7 +247,12 @@ def docs_prompt(symbol: Symbol) -> str:
     code = f"{context}\n\n\n{source}" if context else source
     return (
         f"Target: `{symbol.name}` from module `{symbol.module}` ({symbol.path}):\n```python\n{code}\n```\n\n"
-        f"Write the docstring of `{symbol.name}`."
+        + (
+            f"Complete the docstring of `{symbol.name}`: what it says is kept as written; add the "
+            "sections it lacks."
+            if kept_docstring(symbol) is not None
+            else f"Write the docstring of `{symbol.name}`."
+        )
     )
 
 
@@ -236,7 +273,7 @@ def docs_requests(
     base = PromptLayout(SYMBOL_DOCS, shared_context=shared_context).build(
         request_id(symbol), docs_prompt(symbol), max_tokens
     )
-    start = prefill(symbol)
+    start = answer_start(symbol)
     system, user = base.messages
     example = [
         ChatMessage(role="user", content=SYMBOL_DOCS.lead + EXAMPLE_TARGET),
@@ -281,7 +318,7 @@ def missing_section(symbol: Symbol, body: str) -> str | None:
     has both `Args:` (for a symbol with parameters) and a `>>>` example."""
     indent = _body_indent(symbol)
     names = parameters(symbol)
-    if names and "Args:" not in body:
+    if names and "Args:" not in body and not documents_parameters(body):
         return f"\n\n{indent}Args:\n{indent}    {names[0]}:"
     if ">>>" not in body:
         return f"\n\n{indent}Examples:\n{indent}    >>> {call_head(symbol)}"

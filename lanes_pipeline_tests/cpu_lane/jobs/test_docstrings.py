@@ -36,10 +36,12 @@ from lanes_pipeline.cpu_lane.jobs.docstring_day import (
 from lanes_pipeline.cpu_lane.jobs.docstring_edit import DocstringError, document, set_docstring
 from lanes_pipeline.cpu_lane.jobs.docstrings import (
     MAX_ROUNDS,
+    answer_start,
     docs_batch,
     docs_candidates,
     example_problem,
     missing_parameters,
+    needs_docstring,
     parameters,
     prefill,
     read_docstring,
@@ -127,11 +129,16 @@ def test_requests_keep_the_fixed_prefix_and_start_the_docstring() -> None:
     assert user.startswith("Write the docstring of the target.\n") and "Target: `shout`" in user
     assert "Old words." not in user  # its own docstring is not shown: written, not copied
     assert requests[0].messages[-1].role == "assistant"
-    assert requests[0].messages[-1].content == prefill(found["shout"])
+    # shout's own docstring starts the answer verbatim, with a new paragraph after it: it is extended only.
+    assert requests[0].messages[-1].content == answer_start(found["shout"])
+    assert answer_start(found["shout"]) == prefill(found["shout"]) + "Old words.\n\n    "
+    assert "Complete the docstring of `shout`" in user
+    assert requests[3].messages[-1].content == prefill(found["squash"])  # squash has none: from scratch
+    assert "Write the docstring of `squash`." in requests[3].messages[-2].content
     assert prefill(found["shout"]).endswith('def shout(text: str, *, times: int = 1) -> str:\n    """')
     assert prefill(found["Counter"]).endswith('class Counter:\n    """')
     assert requests[0].stop == ['"""', "```"]
-    assert requests[0].varying_from == len(prefill(found["shout"]))  # the samples share the whole prompt
+    assert requests[0].varying_from == len(answer_start(found["shout"]))  # the samples share the whole prompt
 
 
 def test_an_answer_reads_the_same_with_or_without_the_prefill_echoed() -> None:
@@ -426,7 +433,8 @@ def test_a_round_that_fails_stands_for_its_sample_unless_it_was_only_too_long() 
     asked = ask_docs(send, [shout], requests)
     first, second = sorted(asked.answers, key=lambda a: a.id)
     assert (first.id, first.status) == (requests[0].id, "failed") and len(asked.batches) == 2
-    assert (second.id, second.status, second.text) == (requests[1].id, "ok", prefill(shout) + "Shout.\n    ")
+    expected = (requests[1].id, "ok", answer_start(shout) + "Shout.\n    ")
+    assert (second.id, second.status, second.text) == expected
 
 
 def snapshot_of(repo: Path, commit: str) -> Snapshot:
@@ -465,8 +473,22 @@ def test_a_day_asks_the_chosen_symbols_once_and_a_rerun_asks_nothing(tmp_path: P
     assert lane.asked == [] and again == results and coverage_again == coverage and day.verified == 1
 
 
-def test_a_symbol_with_a_docstring_is_never_asked(tmp_path: Path) -> None:
-    spec = CommitSpec(when=datetime(2026, 11, 1, 10, tzinfo=UTC), message="text", files={"text.py": TEXT})
+COMPLETE = '''    """Old words.
+
+    Args:
+        text: what to shout.
+        times: how often.
+
+    >>> shout("a")
+    'A!'
+    """
+'''
+
+
+def test_a_symbol_whose_docstring_has_its_sections_is_never_asked(tmp_path: Path) -> None:
+    complete = TEXT.replace('    """Old words."""\n', COMPLETE)
+    assert not needs_docstring(symbols(complete)["shout"]) and needs_docstring(symbols()["shout"])
+    spec = CommitSpec(when=datetime(2026, 11, 1, 10, tzinfo=UTC), message="text", files={"text.py": complete})
     repo = tmp_path / "repo"
     commit = build_history(repo, [spec])
     store = ArtifactStore(tmp_path / "artifacts")
@@ -476,6 +498,25 @@ def test_a_symbol_with_a_docstring_is_never_asked(tmp_path: Path) -> None:
     results, coverage = day.run(snapshot_of(repo, commit), repo, ["text.py::shout"], lane, detect_isolation)
     assert lane.asked == [] and results == [] and day.verified == 0
     assert coverage is not None and (coverage.asked_today, coverage.already_documented) == (0, 1)
+
+
+def test_a_documented_symbol_is_extended_after_its_own_words(tmp_path: Path) -> None:
+    """shout's one-line docstring is kept verbatim; the answer (a continuation of it) adds Args and an
+    example, and the file gets both."""
+    spec = CommitSpec(when=datetime(2026, 11, 1, 10, tzinfo=UTC), message="text", files={"text.py": TEXT})
+    repo = tmp_path / "repo"
+    commit = build_history(repo, [spec])
+    store = ArtifactStore(tmp_path / "artifacts")
+    config = DocsConfig(model="m", samples=1, limits=SandboxLimits(timeout_s=30, runs=1))
+    day = DocsDay(Memo(store, "symbol_docs"), Memo(store, "docs_register"), config, tmp_path)
+    extension = GOOD.removeprefix("Shout the text.\n\n    ")
+    lane = FakeLane(extension)
+    results, coverage = day.run(snapshot_of(repo, commit), repo, ["text.py::shout"], lane, detect_isolation)
+    assert coverage is not None and (coverage.asked_today, coverage.already_documented) == (1, 0)
+    best = results[0].answers[0]
+    assert best.accepted, best.reason
+    assert best.docstring is not None and best.docstring.startswith("Old words.\n\nArgs:\n    text: what to")
+    assert best.documented is not None and '"""Old words.\n\n    Args:' in best.documented
 
 
 def test_generated_tests_rows_give_the_day_symbols_in_order() -> None:
