@@ -3,6 +3,9 @@
 A generated test is worth keeping only if it fails on broken code. Two mutants per target:
 - `raise NotImplementedError`: kills tests that never really call the target;
 - `return None`: kills tests that only check truthiness or that it "does not raise".
+A test that expects an exception meets a third, `remove_raises`: every `raise` statement of the target and
+of the functions of its module it calls made `pass` (the guard removed), so it passes only if the exception
+came from the code's own decision (exception_tests.py).
 
 The body is cut out by the parser's line/column offsets (ast's end_lineno/end_col_offset; columns are UTF-8
 byte offsets), never by `ast.unparse` of the whole file: comments, formatting and every other line stay
@@ -20,10 +23,12 @@ from typing import Literal
 from pydantic import BaseModel
 
 from lanes_pipeline.config.base import Frozen
+from lanes_pipeline.cpu_lane.jobs.docstring_facts import reached_definitions
 from lanes_pipeline.sandbox.python_source import parse_python
 
-MutantKind = Literal["raise_not_implemented", "return_none"]
-REPLACEMENTS: dict[MutantKind, str] = {
+MutantKind = Literal["raise_not_implemented", "return_none", "remove_raises"]
+BodyMutantKind = Literal["raise_not_implemented", "return_none"]
+REPLACEMENTS: dict[BodyMutantKind, str] = {
     "raise_not_implemented": "raise NotImplementedError",
     "return_none": "return None",
 }
@@ -126,7 +131,7 @@ def _apply(lines: Sequence[str], edits: Sequence[_Edit]) -> str:
     return "".join(text)
 
 
-def mutate(source: str, target: str, kind: MutantKind) -> Mutant:
+def mutate(source: str, target: str, kind: BodyMutantKind) -> Mutant:
     """One mutant of `target` (`function`, `Class` or `Class.method`) in the module `source`."""
     try:
         tree = parse_python(source)
@@ -149,3 +154,47 @@ def mutate(source: str, target: str, kind: MutantKind) -> Mutant:
 def mutants(source: str, target: str) -> list[Mutant]:
     """Both mutants of `target`: `raise NotImplementedError`, then `return None`."""
     return [mutate(source, target, kind) for kind in REPLACEMENTS]
+
+
+def _own_raises(function: ast.AST) -> list[ast.Raise]:
+    """The `raise` statements that run when `function` does (not those of nested functions or classes)."""
+    found: list[ast.Raise] = []
+    stack = list(ast.iter_child_nodes(function))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Raise):
+            found.append(node)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def remove_raises(source: str, target: str) -> Mutant:
+    """`target` with every `raise` statement it runs made `pass`: its own and those of the functions of its
+    module it calls (docstring_facts.reached_definitions). MutationError when there is none to remove."""
+    try:
+        tree = parse_python(source)
+    except SyntaxError as exc:
+        raise MutationError(f"the module does not parse: line {exc.lineno}: {exc.msg}") from exc
+    node = _find(tree, target)
+    lines = source.splitlines(keepends=True)
+    encoded = [line.encode("utf-8") for line in lines]
+    edits: list[_Edit] = []
+    edited: list[str] = []
+    for definition in reached_definitions(tree, node):
+        raises = _own_raises(definition)
+        edited += [definition.name] if raises else []
+        for statement in raises:
+            assert statement.end_lineno is not None and statement.end_col_offset is not None
+            start = (statement.lineno - 1, _char_col(encoded[statement.lineno - 1], statement.col_offset))
+            end_line = statement.end_lineno - 1
+            end = (end_line, _char_col(encoded[end_line], statement.end_col_offset))
+            edits.append(_Edit(start=start, end=end, text="pass"))
+    if not edits:
+        raise MutationError(f"{target!r} has no `raise` statement to remove")
+    mutated = _apply(lines, edits)
+    try:
+        parse_python(mutated)
+    except SyntaxError as exc:
+        raise MutationError(f"mutant remove_raises of {target!r} does not parse: line {exc.lineno}") from exc
+    return Mutant(target=target, kind="remove_raises", methods=edited, source=mutated)

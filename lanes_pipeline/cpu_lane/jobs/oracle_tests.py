@@ -33,11 +33,17 @@ from pydantic import ConfigDict, Field
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
+from lanes_pipeline.cpu_lane.jobs.exception_tests import (
+    expected_exceptions,
+    raised_on_purpose,
+    unintended_exception_problem,
+)
 from lanes_pipeline.cpu_lane.jobs.oracles import (
     kills_mutants,
     observe_calls,
     oracle_test_file,
     parse_calls,
+    thinned,
 )
 from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout, TaskKind, register
 from lanes_pipeline.cpu_lane.jobs.tasks import extract_block, static_test_problem
@@ -49,6 +55,7 @@ from lanes_pipeline.cpu_lane.jobs.verified_sampling import (
     sample_id,
     samples_of,
 )
+from lanes_pipeline.git import git
 from lanes_pipeline.http import ChatMessage
 from lanes_pipeline.repos.snapshot import is_test_path
 from lanes_pipeline.repos.symbols import Symbol, names_in, test_functions
@@ -275,6 +282,11 @@ def _pytest_with(python: str | None) -> Callable[[Sandbox, Sequence[str], int], 
     return run
 
 
+def module_source(place: VerifyPlace, symbol: Symbol) -> str:
+    """The symbol's module at the day's commit, as committed."""
+    return git(place.repo, "show", f"{place.commit}:{symbol.path}").decode("utf-8")
+
+
 def verify_code(place: VerifyPlace, symbol: Symbol, code: str) -> tuple[AnswerStatus, str]:
     """The gate: the test passes `limits.runs` runs at the commit, then fails on each mutant of its target."""
     path = symbol_test_path(symbol)
@@ -283,7 +295,9 @@ def verify_code(place: VerifyPlace, symbol: Symbol, code: str) -> tuple[AnswerSt
         verdict = judge_test_file(sandbox, path, python=place.python)
         if not verdict.accepted:
             return "fails_on_commit", f"{verdict.verdict}: {verdict.reason}"[:600]
-        teeth = kills_mutants(sandbox, symbol.path, symbol.name, path, run=_pytest_with(place.python))
+        run = _pytest_with(place.python)
+        expects = bool(expected_exceptions(code))
+        teeth = kills_mutants(sandbox, symbol.path, symbol.name, path, run=run, expects_exception=expects)
     if not teeth.killed_all:
         return "survives_mutant", teeth.reason
     return "accepted", f"{verdict.reason}; {teeth.reason}"
@@ -327,6 +341,10 @@ def verify_answer(
         if problem is not None:
             reason = f"{problem[0]}: {problem[1]}"
             return AnswerVerdict(sample=sample, status="rejected_static", reason=reason, test_code=code)
+        unintended = unintended_exception_problem(code, module_source(place, symbol), symbol.name)
+        if unintended is not None:
+            reason = f"unintended_exception: {unintended}"
+            return AnswerVerdict(sample=sample, status="rejected_static", reason=reason, test_code=code)
         status, reason = judge(symbol, code)
         return AnswerVerdict(sample=sample, status=status, reason=reason, test_code=code)
     parsed = parse_calls(whole, symbol.name)
@@ -347,7 +365,15 @@ def verify_answer(
     if not run.usable:
         details = "; ".join(sorted({o.detail or o.status for o in run.observations}))
         return AnswerVerdict(status="no_usable_result", reason=details[:600], **common)
-    code = oracle_test_file(symbol.module, symbol.name, run.usable)
+    source = module_source(place, symbol)
+    on_purpose = [
+        o for o in run.usable if o.status == "value" or raised_on_purpose(source, symbol.name, o.exception)
+    ]
+    if not on_purpose:
+        raised = sorted({o.exception for o in run.usable})
+        reason = f"every call raised ({', '.join(raised)}) and {symbol.name} raises none of it on purpose"
+        return AnswerVerdict(status="no_usable_result", reason=reason[:600], **common)
+    code = oracle_test_file(symbol.module, symbol.name, thinned(on_purpose))
     status, reason = judge(symbol, code)
     return AnswerVerdict(status=status, reason=reason, test_code=code, **common)
 

@@ -27,7 +27,7 @@ from pydantic import Field
 
 from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.jobs.literal_size import MAX_BUILT_SIZE, built_size, large_int_argument
-from lanes_pipeline.cpu_lane.jobs.mutants import MutantKind, MutationError, mutants
+from lanes_pipeline.cpu_lane.jobs.mutants import MutantKind, MutationError, mutants, remove_raises
 from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result_text
 from lanes_pipeline.sandbox.isolation import (
     SETUP_FAILED,
@@ -65,6 +65,9 @@ class Observation(Frozen):
     exception: str = Field("", description="the exception type's name (status raised)")
     builtin_exception: bool = False
     detail: str = ""
+    arcs: list[tuple[int, int]] = Field(
+        [], description="(previous line, line) steps the call took through the target's module: its path"
+    )
 
 
 class ObservationRun(Frozen):
@@ -299,18 +302,42 @@ def _alarm(signum, frame):
     raise _CallTimeout()
 
 
+_TARGET_FILE = getattr(_sys.modules.get({module}), "__file__", None)
+
+
+# Records (previous line, line) of every frame running the target's module: the path a call took.
+def _tracer(arcs):
+    last = {{}}
+
+    def local(frame, event, arg):
+        if event == "line":
+            key = id(frame)
+            arcs.add((last.get(key, -frame.f_code.co_firstlineno), frame.f_lineno))
+            last[key] = frame.f_lineno
+        return local
+
+    def calls(frame, event, arg):
+        return local if frame.f_code.co_filename == _TARGET_FILE else None
+
+    return calls
+
+
 def _observe(index, expression):
+    arcs = set()
     _signal.signal(_signal.SIGALRM, _alarm)
     _signal.alarm({per_call_s})
+    _sys.settrace(_tracer(arcs))
     try:
         result = eval(compile(expression, f"<call {{index}}>", "eval"), dict(vars(_sys.modules["__main__"])))
     except _CallTimeout:
         return {{"status": "unusable", "detail": "call timed out"}}
     except (Exception, SystemExit) as exc:
+        _sys.settrace(None)
         kind = type(exc)
-        return {{"status": "raised", "exception": kind.__name__,
+        return {{"status": "raised", "exception": kind.__name__, "arcs": sorted(arcs),
                  "builtin_exception": kind.__module__ == "builtins"}}
     finally:
+        _sys.settrace(None)
         _signal.alarm(0)
     try:
         text = repr(result)
@@ -320,7 +347,7 @@ def _observe(index, expression):
         return {{"status": "unusable", "detail": f"repr does not read back: {{type(exc).__name__}}"}}
     if not same:
         return {{"status": "unusable", "detail": "repr does not read back as an equal literal"}}
-    return {{"status": "value", "value_repr": text}}
+    return {{"status": "value", "value_repr": text, "arcs": sorted(arcs)}}
 
 
 with open(_sys.argv[1], "w", encoding="utf-8") as _out:
@@ -335,7 +362,9 @@ def probe_script(module: str, target: str, calls: Sequence[str], per_call_s: int
     """A script that imports the target by its real module path, evaluates each call and writes one JSON
     line per call to the file named by its first argument."""
     head = f"from {module} import {target.split('.', 1)[0]}\n"
-    body = _PROBE.format(calls=json.dumps(list(calls)), per_call_s=per_call_s, max_repr=MAX_REPR_CHARS)
+    body = _PROBE.format(
+        calls=json.dumps(list(calls)), per_call_s=per_call_s, max_repr=MAX_REPR_CHARS, module=repr(module)
+    )
     return head + body
 
 
@@ -368,6 +397,20 @@ def usable(observation: Observation) -> bool:
         and observation.builtin_exception
         and is_builtin_exception(observation.exception)
     )
+
+
+def thinned(observations: Sequence[Observation]) -> list[Observation]:
+    """The observations that each take a path through the code no earlier one took (ten factorials of
+    positive numbers are one path: the first stays); one whose path was not traced always stays."""
+    seen: set[tuple[str, str, frozenset[tuple[int, int]]]] = set()
+    kept = []
+    for observation in observations:
+        key = (observation.status, observation.exception, frozenset(map(tuple, observation.arcs)))
+        if observation.arcs and key in seen:
+            continue
+        seen.add(key)
+        kept.append(observation)
+    return kept
 
 
 def is_builtin_exception(name: str) -> bool:
@@ -444,11 +487,17 @@ PytestRun = Callable[[Sandbox, Sequence[str], int], RunReport]
 
 
 def kills_mutants(
-    sandbox: Sandbox, source_path: str, target: str, test_path: str, run: PytestRun = run_pytest
+    sandbox: Sandbox,
+    source_path: str,
+    target: str,
+    test_path: str,
+    run: PytestRun = run_pytest,
+    expects_exception: bool = False,
 ) -> TeethVerdict:
     """Run `test_path` once with each mutant of `target` written over `source_path` in the sandbox's
     worktree (restored afterwards); stop at the first mutant the test survives. `run` is how pytest runs
-    (default: the project's Python; pass one bound to the repository's environment)."""
+    (default: the project's Python; pass one bound to the repository's environment). A test that
+    `expects_exception` meets the `remove_raises` mutant too: its exception must come from a `raise`."""
     runs: list[MutantRun] = []
     try:  # the tests ran in this worktree already: the module is read as a result, never through a link
         original = read_result_text(sandbox.worktree, source_path)
@@ -458,6 +507,7 @@ def kills_mutants(
         return TeethVerdict(killed_all=False, reason=f"{source_path} is gone from the worktree", runs=runs)
     try:
         made = mutants(original, target)
+        made += [remove_raises(original, target)] if expects_exception else []
     except MutationError as exc:  # a class without methods: no test of it can be shown to have teeth
         return TeethVerdict(killed_all=False, reason=f"no mutant can be made: {exc}", runs=runs)
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.repos.sample_repo as sample_repo
-from lanes_pipeline.cpu_lane.jobs.mutants import MutationError, mutants, mutate
+from lanes_pipeline.cpu_lane.jobs.mutants import MutationError, mutants, mutate, remove_raises
 
 TEXTWRAP = Path(textwrap.__file__).read_text(encoding="utf-8")
 SLUG = (Path(sample_repo.__file__).parent / "day3" / "slug.py").read_text(encoding="utf-8")
@@ -134,3 +134,26 @@ def test_a_good_test_passes_on_the_original_and_fails_on_both_mutants_a_weak_one
     return_none = mutate(SLUG, "slugify", "return_none")
     (tmp_path / "slug.py").write_text(return_none.source, encoding="utf-8")
     assert run_pytest(tmp_path) == 0  # a test without an assertion does not kill the mutant
+
+
+MATHBITS = (Path(sample_repo.__file__).parent / "day3" / "mathbits.py").read_text(encoding="utf-8")
+
+
+def test_remove_raises_makes_each_raise_of_the_target_pass_and_changes_nothing_else() -> None:
+    mutant = remove_raises(MATHBITS, "median")
+    assert mutant.kind == "remove_raises" and mutant.methods == ["median"]
+    assert changed_lines(MATHBITS, mutant.source) == [
+        '-        raise ValueError("median of an empty list")',
+        "+        pass",
+    ]
+    with pytest.raises(MutationError, match="'gcd' has no `raise` statement to remove"):
+        remove_raises(MATHBITS, "gcd")
+
+
+def test_remove_raises_reaches_the_callees_of_the_module_that_raise() -> None:
+    # TextWrapper.wrap raises nothing itself: the ValueErrors of _wrap_chunks, which it calls, go.
+    mutant = remove_raises(TEXTWRAP, "TextWrapper.wrap")
+    assert "_wrap_chunks" in mutant.methods and "wrap" not in mutant.methods
+    removed = [line for line in changed_lines(TEXTWRAP, mutant.source) if line.startswith("-")]
+    assert removed and all("raise ValueError" in line for line in removed)
+    assert ast.parse(mutant.source)  # still Python

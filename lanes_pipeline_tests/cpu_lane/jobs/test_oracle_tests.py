@@ -183,17 +183,95 @@ def test_answers_go_through_one_gate_in_the_sandbox(place: VerifyPlace) -> None:
     assert result.accepted_tests == [GOOD]
 
 
-def test_an_expected_builtin_exception_has_teeth_a_wrong_call_has_none(place: VerifyPlace) -> None:
+def test_an_exception_of_a_wrong_call_is_no_test(place: VerifyPlace) -> None:
     unique = symbol("unique_slug")
-    items = [answered("oracle", unique, 0, "'a', 1)\n")]  # `1 in taken` on an int: TypeError, usable
+    items = [answered("oracle", unique, 0, "'a', 1)\n")]  # `1 in taken` on an int: TypeError
     [result] = verify_symbol_answers(place, [unique], items, samples=1)
-    assert result.answers[0].status == "accepted", result.answers[0].reason
-    assert "with pytest.raises(TypeError):" in result.accepted_tests[0]
+    assert (result.answers[0].status, result.accepted_tests) == ("no_usable_result", [])
+    assert (
+        result.answers[0].reason
+        == "every call raised (TypeError) and unique_slug raises none of it on purpose"
+    )
     words = symbol("words")
     items = [answered("oracle", words, 0, "'x', 1, 2, 3)\n")]
     [result] = verify_symbol_answers(place, [words], items, samples=1)
-    # TypeError from a wrong call kills no mutant: `raise NotImplementedError` is not a TypeError.
-    assert result.answers[0].status == "survives_mutant", result.answers[0].reason
+    assert result.answers[0].status == "no_usable_result", result.answers[0].reason
+
+
+MATHBITS = (DAY3 / "mathbits.py").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def mathbits_place(tmp_path_factory: pytest.TempPathFactory) -> VerifyPlace:
+    repo = tmp_path_factory.mktemp("mathbits") / "repo"
+    files = {"mathbits.py": MATHBITS, "parse.py": PARSE}
+    day = CommitSpec(when=datetime(2026, 11, 3, tzinfo=UTC), message="day 3", files=files)
+    return VerifyPlace(
+        repo=repo,
+        commit=build_history(repo, [day]),
+        limits=SandboxLimits(timeout_s=30, memory_mb=768, runs=1),
+        isolation=detect_isolation(),
+    )
+
+
+# `int()` raises ValueError on its own as well as the guard does: a test of "x" proves no guard.
+PARSE = """def parse_count(text):
+    if text.startswith("-"):
+        raise ValueError("a count is never negative")
+    return int(text)
+"""
+
+
+def mathbits_symbol(name: str, path: str = "mathbits.py") -> Symbol:
+    source = MATHBITS if path == "mathbits.py" else PARSE
+    return next(s for s in all_symbols(scan_repo({path: source})) if s.name == name)
+
+
+def test_an_exception_the_target_raises_on_purpose_is_kept_and_the_guard_mutant_proves_it(
+    mathbits_place: VerifyPlace,
+) -> None:
+    median = mathbits_symbol("median")
+    answer = "[3, 1, 2])\nmedian([4, 1, 3, 2])\nmedian([])\nmedian(3)\n"
+    [result] = verify_symbol_answers(mathbits_place, [median], [answered("oracle", median, 0, answer)], 1)
+    verdict = result.answers[0]
+    assert verdict.status == "accepted", verdict.reason
+    assert verdict.reason.endswith("fails on all 3 mutants of median")  # remove_raises is the third
+    [test] = result.accepted_tests
+    assert "with pytest.raises(ValueError):\n        median([])" in test
+    assert "TypeError" not in test and "median(3)" not in test  # sorted() of an int: a wrong call
+    # Model-written: a wrong call is refused before anything runs; a test the guard does not decide dies
+    # on remove_raises (int() raises the same ValueError without it).
+    wrong = "():\n    import pytest\n\n    with pytest.raises(TypeError):\n        median(3)\n"
+    [result] = verify_symbol_answers(
+        mathbits_place, [median], [answered("assertions", median, 0, wrong)], 1, style="assertions"
+    )
+    assert result.answers[0].status == "rejected_static"
+    assert result.answers[0].reason.startswith("unintended_exception: expects TypeError but median never")
+    parse = mathbits_symbol("parse_count", "parse.py")
+    loose = "():\n    import pytest\n\n    with pytest.raises(ValueError):\n        parse_count('x')\n"
+    [result] = verify_symbol_answers(
+        mathbits_place, [parse], [answered("assertions", parse, 0, loose)], 1, style="assertions"
+    )
+    assert result.answers[0].status == "survives_mutant"
+    assert result.answers[0].reason.startswith("survives the remove_raises mutant of parse_count")
+    guarded = loose.replace("parse_count('x')", "parse_count('-3')")
+    [result] = verify_symbol_answers(
+        mathbits_place, [parse], [answered("assertions", parse, 0, guarded)], 1, style="assertions"
+    )
+    assert result.answers[0].status == "accepted", result.answers[0].reason
+
+
+def test_calls_down_the_same_path_are_thinned_to_the_first(mathbits_place: VerifyPlace) -> None:
+    factorial = mathbits_symbol("factorial")
+    answer = "0)\nfactorial(1)\nfactorial(5)\nfactorial(6)\nfactorial(10)\nfactorial(-1)\nfactorial(-4)\n"
+    items = [answered("oracle", factorial, 0, answer)]
+    [result] = verify_symbol_answers(mathbits_place, [factorial], items, 1)
+    assert result.answers[0].status == "accepted", result.answers[0].reason
+    [test] = result.accepted_tests
+    # 0 and 1 skip the loop, 5, 6 and 10 run it, -1 and -4 hit the guard: one call of each path.
+    assert "factorial(0) == 1" in test and "factorial(5) == 120" in test and "factorial(-1)" in test
+    for thinned_call in ("factorial(1)", "factorial(6)", "factorial(10)", "factorial(-4)"):
+        assert thinned_call not in test
 
 
 @pytest.mark.usefixtures("cpu_engine")
