@@ -325,6 +325,20 @@ def _compiles(expression: str) -> bool:
     return True
 
 
+def gate_test_code(
+    judge: Callable[[Symbol, str], tuple[AnswerStatus, str]], place: VerifyPlace, symbol: Symbol, code: str
+) -> tuple[AnswerStatus, str]:
+    """A written test module of `symbol` through the gate: the static checks (tasks.static_test_problem,
+    then an expected exception the target does not raise on purpose), then the sandbox (`judge`)."""
+    problem = static_test_problem(code, symbol.module)
+    if problem is not None:
+        return "rejected_static", f"{problem[0]}: {problem[1]}"
+    unintended = unintended_exception_problem(code, module_source(place, symbol), symbol.name)
+    if unintended is not None:
+        return "rejected_static", f"unintended_exception: {unintended}"
+    return judge(symbol, code)
+
+
 def verify_answer(
     judge: Callable[[Symbol, str], tuple[AnswerStatus, str]],
     place: VerifyPlace,
@@ -337,15 +351,7 @@ def verify_answer(
     whole = answer_text(symbol, style, text)
     if style == "assertions":
         code = extract_block(whole, ("python", "py")).strip() + "\n"
-        problem = static_test_problem(code, symbol.module)
-        if problem is not None:
-            reason = f"{problem[0]}: {problem[1]}"
-            return AnswerVerdict(sample=sample, status="rejected_static", reason=reason, test_code=code)
-        unintended = unintended_exception_problem(code, module_source(place, symbol), symbol.name)
-        if unintended is not None:
-            reason = f"unintended_exception: {unintended}"
-            return AnswerVerdict(sample=sample, status="rejected_static", reason=reason, test_code=code)
-        status, reason = judge(symbol, code)
+        status, reason = gate_test_code(judge, place, symbol, code)
         return AnswerVerdict(sample=sample, status=status, reason=reason, test_code=code)
     parsed = parse_calls(whole, symbol.name)
     # `f(a=1, a=2)` parses but does not compile: as a line of the test it would break the whole file.
