@@ -12,6 +12,7 @@ the code. Each check below fails on one of those; the labelled fixture of real a
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import re
 from collections import Counter
@@ -21,8 +22,16 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from lanes_pipeline.cpu_lane.jobs.docstring_facts import (
+    ANY_EXCEPTION,
+    exception_ancestors,
+    is_generator,
+    raisable,
+    returns_value,
+    signature_parameters,
+)
 from lanes_pipeline.cpu_lane.jobs.tasks import FileAnalysis, symbol_defines
-from lanes_pipeline.repos.symbols import Symbol, SymbolSourceError, definition
+from lanes_pipeline.repos.symbols import Symbol, SymbolSourceError, definition, names_in
 from lanes_pipeline.sandbox.safety import injection_markers
 
 # Real analyses, each labelled by a person `sound` or `nonsense` (tools/collect_analyses.py collects them).
@@ -54,6 +63,16 @@ if not no but than then there their them they returns return value values given 
 file module object objects python data used using uses use does do
 """
 _STOP = frozenset(_STOP_WORDS.split())
+# What an analysis writes as code: `name`, `name(...)`, name() (a dotted name: its last part).
+_CODE_NAME = re.compile(r"`([A-Za-z_][A-Za-z0-9_.]*)(?:\(|`)|\b([A-Za-z_][A-Za-z0-9_.]*)\(\)")
+_RAISES_CLAIM = re.compile(
+    r"\b(?:raises|raising|throws|raise|throw)\s+(?:an?\s+)?`?([A-Z][A-Za-z0-9_]*(?:Error|Exception|Exit|Warning))"
+)
+_NO_RETURN_CLAIM = re.compile(
+    r"\b(?:returns (?:None|nothing)|does not return|doesn't return)\b", re.IGNORECASE
+)
+_RETURN_CLAIM = re.compile(r"\b(?:returns|return value)\b", re.IGNORECASE)
+_CALLS_CLAIM = re.compile(r"\bcalls\s+`?([A-Za-z_][A-Za-z0-9_.]*)")
 
 
 def _words(text: str) -> list[str]:
@@ -119,6 +138,57 @@ def _does_something(body: list[ast.stmt]) -> bool:
     return False
 
 
+def _called_names(node: ast.AST) -> set[str]:
+    found = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Call):
+            func = child.func
+            found.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+    return found
+
+
+def claim_problem(analysis: FileAnalysis, symbol: Symbol) -> str | None:
+    """Why the analysis says something of `symbol` its code contradicts (None: nothing found), where the
+    code can tell: a name written as code (`name`, name()) that neither the symbol's code, its module's
+    imports nor Python's builtins have; in the summary, an exception said to be raised that the code cannot
+    raise (docstring_facts.raisable; lenient when a function it calls may, as its documented callees say),
+    a value said to be returned by code that returns none (or none said of code that returns one), a
+    function said to be called that the code never calls."""
+    try:
+        node = definition(symbol)
+    except SymbolSourceError:
+        return None
+    known = names_in(node) | symbol_defines(symbol) | set(dir(builtins))
+    known |= set(signature_parameters(node) or []) | {"self", "cls"}
+    known |= set(_words(" ".join(symbol.imports))) | set(" ".join(symbol.imports).replace(",", " ").split())
+    callees = " ".join(symbol.callees)
+    for text in (analysis.summary, *analysis.risks, *analysis.test_ideas):
+        for match in _CODE_NAME.finditer(text):
+            name = (match.group(1) or match.group(2)).split(".")[-1]
+            if name and name not in known and name not in callees:
+                return f"names `{name}`, which is not in the code of {symbol.name}"
+    summary = analysis.summary
+    tree = ast.Module(body=[node], type_ignores=[])
+    raised = raisable(tree, node)
+    reachable = set().union(*(exception_ancestors(r, tree) for r in raised)) if raised else set()
+    for match in _RAISES_CLAIM.finditer(summary):
+        name = match.group(1)
+        if ANY_EXCEPTION not in raised and name not in reachable and name not in callees:
+            return f"says {name} is raised, which {symbol.name} never raises"
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not is_generator(node):
+        gives = returns_value(node)
+        if gives and _NO_RETURN_CLAIM.search(summary):
+            return f"says {symbol.name} returns nothing, but it returns a value"
+        if not gives and not _NO_RETURN_CLAIM.search(summary) and _RETURN_CLAIM.search(summary):
+            return f"says {symbol.name} returns a value, but it returns none"
+    called = _called_names(node)
+    for match in _CALLS_CLAIM.finditer(summary):
+        name = match.group(1).split(".")[-1]
+        if name in known and name not in called and name not in callees:
+            return f"says {symbol.name} calls `{name}`, which it never calls"
+    return None
+
+
 def degenerate(text: str) -> str | None:
     """Why a text is a loop rather than prose (None: it is not)."""
     run = _CHAR_RUN.search(text)
@@ -136,7 +206,7 @@ def analysis_problem(analysis: FileAnalysis, symbol: Symbol) -> str | None:
     """Why a parsed analysis of `symbol` is not accepted (None: accepted): a real summary that ends its
     sentence, names something of the symbol's code and does not talk to the user or claim there is no
     code when there is; no text looping; no item repeated; every public API entry naming something the
-    symbol defines; no prompt-injection text."""
+    symbol defines; no prompt-injection text; no claim the code contradicts (claim_problem)."""
     summary = analysis.summary.strip()
     items = [*analysis.public_api, *analysis.risks, *analysis.test_ideas]
     if len(summary.split()) < 3:
@@ -168,6 +238,9 @@ def analysis_problem(analysis: FileAnalysis, symbol: Symbol) -> str | None:
             return f"public_api names {entry.strip()[:60]!r}, which the file does not define"
     if injection_markers(" ".join([summary, *items])):
         return "answer contains prompt-injection text"
+    claim = claim_problem(analysis, symbol)
+    if claim:
+        return f"contradicts the code: {claim}"
     return None
 
 

@@ -323,7 +323,7 @@ def exception_ancestors(name: str, tree: ast.Module) -> set[str]:
     return found
 
 
-def _returns_value(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+def returns_value(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     for child in _own_nodes(node):
         value = child.value if isinstance(child, ast.Return) else None
         if value is not None and not (isinstance(value, ast.Constant) and value.value is None):
@@ -331,7 +331,7 @@ def _returns_value(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return False
 
 
-def _is_generator(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+def is_generator(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return any(isinstance(c, (ast.Yield, ast.YieldFrom)) for c in _own_nodes(node))
 
 
@@ -435,7 +435,7 @@ def returns_problems(symbol: str, node: Definition, parsed: Docstring) -> list[s
     annotation = _simple_annotation(node.returns)
     if annotation == "None":
         return [f"Returns: {symbol} is annotated `-> None` but the docstring documents a returned value"]
-    if not _returns_value(node) and not _is_generator(node) and not _is_stub(node):
+    if not returns_value(node) and not is_generator(node) and not _is_stub(node):
         return [f"Returns: {symbol} never returns a value (no `return` of a value in its body)"]
     if annotation and stated.isidentifier() and stated != annotation:
         return [

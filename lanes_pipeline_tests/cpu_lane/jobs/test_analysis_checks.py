@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+import lanes_pipeline.repos.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.jobs.analysis_checks import (
     MIN_PRECISION,
     LabelledAnalysis,
     analysis_problem,
+    claim_problem,
     degenerate,
     gate_precision,
     has_real_body,
@@ -137,3 +139,41 @@ def test_a_bad_label_file_names_the_file_and_the_entry(tmp_path: Path) -> None:
     path.write_text("[", encoding="utf-8")
     with pytest.raises(ValueError, match="cannot read the labelled analyses"):
         load_labels(path)
+
+
+MATHBITS = (Path(sample_repo.__file__).parent / "day3" / "mathbits.py").read_text(encoding="utf-8")
+
+
+def math_symbol(name: str) -> Symbol:
+    return next(s for s in extract_symbols("mathbits.py", MATHBITS).symbols if s.name == name)
+
+
+@pytest.mark.parametrize(
+    ("name", "summary", "problem"),
+    [
+        ("clamp", "Limits `value` to [low, high] and raises ValueError when `low` is above `high`.", None),
+        ("clamp", "Limits the value with `bound_check` and returns it.", "names `bound_check`, which is not"),
+        ("clamp", "Limits the value; raises KeyError for a missing bound.", "says KeyError is raised"),
+        ("clamp", "Limits the value with max() and min() and returns it.", None),
+        ("clamp", "Limits the value and returns nothing.", "says clamp returns nothing, but it returns"),
+        ("clamp", "Limits the value; it calls `sorted` on the bounds.", "says clamp calls `sorted`"),
+        ("lcm", "Least common multiple of two numbers; it calls `gcd` of the module.", None),
+        # A subscript or a division raises on its own: an analysis may say so.
+        ("lcm", "Least common multiple; the `//` by gcd() raises ZeroDivisionError for a 0 divisor.", None),
+    ],
+)
+def test_a_claim_the_code_contradicts_is_refused(name: str, summary: str, problem: str | None) -> None:
+    found = claim_problem(analysis(summary), math_symbol(name))
+    assert (found is None) if problem is None else (found or "").startswith(problem), found
+    if problem is not None:
+        assert (analysis_problem(analysis(summary), math_symbol(name)) or "").startswith(
+            "contradicts the code"
+        )
+
+
+def test_a_procedure_said_to_return_a_value_is_refused() -> None:
+    source = "def save(store, key, value):\n    store[key] = value\n"
+    save = next(s for s in extract_symbols("store.py", source).symbols if s.name == "save")
+    assert claim_problem(analysis("Saves `value` under `key` in the store."), save) is None
+    found = claim_problem(analysis("Saves the pair and returns the previous `value`."), save)
+    assert found == "says save returns a value, but it returns none"
