@@ -271,3 +271,50 @@ def test_a_share_of_an_unknown_kind_is_named_with_where_it_is_set() -> None:
     check_kinds(["explain", "write_tests"], "pipeline.yaml: dataset.max_share")
     with pytest.raises(DatasetContractError, match=r"dataset.max_share: unknown kind\(s\) \['explian'\]"):
         check_kinds(["explian"], "pipeline.yaml: dataset.max_share")
+
+
+def test_a_row_accepted_before_todays_checks_that_they_refuse_trains_nothing() -> None:
+    """An older day's accepted rows meet the checks of today: a test of a wrong-type call's TypeError and an
+    analysis the code contradicts are no candidates; their sound neighbours are."""
+    code = "def ring(r1, r2):\n    if r2 < r1:\n        raise ValueError('r2 < r1')\n    return r2 - r1\n"
+    sources = {("r", "geo.py"): code}
+
+    def analysed(summary: str) -> FileAnalysisRow:
+        analysis = FileAnalysis(summary=summary, public_api=[], risks=[], test_ideas=[], complexity="low")
+        return FileAnalysisRow(
+            path="geo.py", blob="1", status="ok", accepted=True, analysis=analysis, symbol="ring"
+        )
+
+    analyses = [
+        AnalysisRow(
+            repo="r",
+            commit="c",
+            files=[
+                analysed("Width of the ring between r1 and r2; raises ValueError when r2 < r1."),
+                analysed("Width of the ring between r1 and r2; raises KeyError when r2 is missing."),
+            ],
+        )
+    ]
+
+    def test(body: str) -> GeneratedTestRow:
+        code = f"import pytest\nfrom geo import ring\n\n\ndef test_ring():\n    {body}\n"
+        return GeneratedTestRow(
+            repo="r",
+            path="geo.py",
+            module="geo",
+            test_file="t.py",
+            code=code,
+            verdict="passed",
+            reason="",
+            runs=[],
+            symbol="ring",
+        )
+
+    tests = [
+        test("with pytest.raises(ValueError):\n        ring(2, 1)"),
+        test("with pytest.raises(TypeError):\n        ring('a', 1)"),
+    ]
+    found = candidates_of_day(analyses, tests, [], {}, sources)
+    assert [(c.task, c.symbol) for c in found] == [("explain", "ring"), ("write_tests", "ring")]
+    assert "KeyError" not in " ".join(c.answer for c in found)
+    assert "TypeError" not in " ".join(c.answer for c in found)

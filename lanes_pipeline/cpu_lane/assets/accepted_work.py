@@ -16,8 +16,14 @@ from lanes_pipeline.cpu_lane.assets.refactor_proposals import refactor_proposals
 from lanes_pipeline.cpu_lane.assets.repo_analysis import repo_analysis
 from lanes_pipeline.cpu_lane.assets.repo_snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.assets.verified_bodies import verified_bodies
-from lanes_pipeline.cpu_lane.jobs.analysis_checks import MIN_PRECISION, gate_precision, load_labels
+from lanes_pipeline.cpu_lane.jobs.analysis_checks import (
+    MIN_PRECISION,
+    analysis_problem,
+    gate_precision,
+    load_labels,
+)
 from lanes_pipeline.cpu_lane.jobs.docstrings import docs_candidates
+from lanes_pipeline.cpu_lane.jobs.exception_tests import unintended_exception_problem
 from lanes_pipeline.cpu_lane.jobs.rows import (
     AnalysisRow,
     GeneratedDocRow,
@@ -60,7 +66,9 @@ def candidates_of_day(
     sources: dict[tuple[str, str], str],
 ) -> list[Candidate]:
     """Accepted results only: analyses (of the day's symbols, or of files changed that day in rows written
-    before analysis went by symbol), passing tests, accepted diffs. Pure."""
+    before analysis went by symbol), passing tests, accepted diffs. Pure. A row accepted on an older day
+    that today's checks refuse (an analysis the code contradicts, a test of an exception its target does
+    not raise on purpose) is no candidate."""
     found: list[Candidate] = []
     for repo in analyses:
         symbols = _symbols_of(repo.repo, sources) if any(f.symbol for f in repo.files) else {}
@@ -81,7 +89,9 @@ def candidates_of_day(
                     )
                 continue
             symbol = symbols.get((item.path, item.symbol))
-            if symbol is not None:  # gone from the file since it was analysed: nothing to show
+            # Gone from the file since it was analysed: nothing to show. Accepted before today's checks
+            # and refused by them: what the review would refuse does not train either.
+            if symbol is not None and analysis_problem(item.analysis, symbol) is None:
                 shown = symbol_with_context(symbol)
                 found.append(
                     Candidate(
@@ -95,7 +105,8 @@ def candidates_of_day(
                     )
                 )
     for test in tests:
-        if test.accepted and test.code is not None:
+        source = sources.get((test.repo, test.path), "")
+        if test.accepted and test.code is not None and not _unintended(test.code, source, test.symbol):
             found.append(
                 Candidate(
                     task="write_tests",
@@ -119,6 +130,17 @@ def candidates_of_day(
                 )
             )
     return found
+
+
+def _unintended(code: str, source: str, symbol: str | None) -> bool:
+    """Whether a test accepted before the exception check expects what its target never raises on purpose
+    (a test of a whole file, from before tests went by symbol, names no target to hold it against)."""
+    if symbol is None:
+        return False
+    try:
+        return unintended_exception_problem(code, source, symbol) is not None
+    except SyntaxError:
+        return True  # the file as committed does not parse: nothing to teach from
 
 
 def body_candidates(bodies: list[SampledBody]) -> list[Candidate]:
