@@ -1,12 +1,17 @@
 """`lanes report`: the learning curve over the evaluated days, as a Markdown table and a PNG chart under
 `<data>/reports/`, both printed as paths; `lanes report --day D`: that day's paired outcome and the tasks
-whose outcome changed, with both answers. Reads only the artifact store: no lane, no config needed."""
+whose outcome changed, with both answers, and each item of its review branch with the checks it passed.
+Reads only the artifact store: no lane, no config needed."""
 
 from __future__ import annotations
 
 import click
 from pydantic import BaseModel
 
+from lanes_pipeline.cpu_lane.assets.common import read_results
+from lanes_pipeline.cpu_lane.assets.review_branch import REVIEW_BRANCH
+from lanes_pipeline.cpu_lane.jobs.review import checks_report
+from lanes_pipeline.cpu_lane.jobs.rows import ReviewItemRow
 from lanes_pipeline.daily.resources import ArtifactStoreResource
 from lanes_pipeline.gpu_lane.evaluation_record import (
     DayAnswers,
@@ -25,6 +30,7 @@ from lanes_pipeline.gpu_lane.learning_report import (
 )
 from lanes_pipeline.gpu_lane.promotion import Decision, LearningPoint
 from lanes_pipeline.settings import data_dir
+from lanes_pipeline.store import ArtifactStore
 
 
 class CurveJson(BaseModel):
@@ -39,6 +45,13 @@ class DayJson(BaseModel):
     day: str
     decision: Decision
     answers: DayAnswers
+
+
+def review_rows(store: ArtifactStore, day: str) -> list[ReviewItemRow] | None:
+    """The day's review_branch items (None: that asset has no partition of the day)."""
+    if not store.exists(REVIEW_BRANCH, day, "results.json"):
+        return None
+    return read_results(store, REVIEW_BRANCH, day, ReviewItemRow)
 
 
 @click.command()
@@ -71,10 +84,15 @@ def report(day: str | None, as_json: bool) -> None:
             raise click.ClickException(str(exc)) from None
         return
     if day is not None:
+        review = review_rows(store, day)
         try:
             text = day_report(store, day)
         except EvaluationRecordError as exc:
-            raise click.ClickException(str(exc)) from None
+            if review is None:
+                raise click.ClickException(str(exc)) from None
+            text = f"# {day}\n\nNo evaluation: {exc}\n"
+        if review is not None:
+            text += "\n" + checks_report(review) + "\n"
         target = data_dir() / "reports" / f"evaluation-{day}.md"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")

@@ -8,6 +8,7 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
+from lanes_pipeline.cpu_lane.jobs.docstring_day import DOC_CHECKS
 from lanes_pipeline.cpu_lane.jobs.docstring_edit import set_docstring, unified_diff
 from lanes_pipeline.cpu_lane.jobs.oracles import Observation, oracle_test_file
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedDocRow, GeneratedTestRow, RefactorRow
@@ -71,6 +72,7 @@ def accepted_doc(repo: str = "calc") -> GeneratedDocRow:
         docstring=DOCSTRING,
         documented="def clamp(value, low, high): ...",
         diff=unified_diff("calc.py", CALC, after),
+        checks=list(DOC_CHECKS),
     )
 
 

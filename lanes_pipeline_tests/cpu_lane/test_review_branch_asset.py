@@ -19,6 +19,7 @@ from dagster import DagsterInstance, materialize
 from lanes_pipeline.cli import main
 from lanes_pipeline.cpu_lane.assets.repo_snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.assets.review_branch import review_branch
+from lanes_pipeline.cpu_lane.jobs.review import REFACTOR_CHECKS
 from lanes_pipeline.daily.partitions import daily_partitions, partitioned_daily
 from lanes_pipeline.daily.resources import ArtifactStoreResource, PipelineSettingsResource
 from lanes_pipeline.settings import Settings, load_settings
@@ -125,6 +126,18 @@ def test_the_days_work_becomes_a_branch_whose_tests_pass_and_a_rerun_changes_not
 
     patches = day.root / "patches"
     env = {"LANES_CONFIG_DIR": str(day.config_dir), "LANES_DATA_DIR": str(day.data)}
+    # Each item says what it was checked for: in its row, its commit message and `lanes report --day`.
+    test_checks, doc_checks, refactor_checks = (r.get("checks", []) for r in rows)
+    assert test_checks[:2] == ["policy", "passes at the commit"] and "fails on return_none" in test_checks
+    assert refactor_checks == list(REFACTOR_CHECKS)
+    log = git_out(day.repo, "log", "--format=%B", f"{day.base}..{BRANCH}")
+    assert f"Checks passed: {', '.join(test_checks)}" in log
+    assert f"Checks passed: {', '.join(refactor_checks)}" in log
+    reported = CliRunner().invoke(main, ["report", "--day", DAY], env=env)
+    assert reported.exit_code == 0, reported.output
+    assert "## The review branch: 3 item(s)" in reported.output and "No evaluation:" in reported.output
+    assert ", ".join(test_checks) in reported.output and ", ".join(refactor_checks) in reported.output
+    assert ", ".join(doc_checks) in reported.output and "doctest_passes" in doc_checks
     exported = CliRunner().invoke(main, ["export", "--day", DAY, "--patches", str(patches)], env=env)
     assert exported.exit_code == 0, exported.output
     assert f"calc: 3 patch(es) of {BRANCH} in {patches / 'calc'}" in exported.output

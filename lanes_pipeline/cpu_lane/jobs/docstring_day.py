@@ -74,7 +74,7 @@ from lanes_pipeline.sandbox.isolation import (
 from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.settings import SandboxLimits
 
-DOCS_VERSION = 2  # bump when the prompt, the checks or the gate change: remembered results are forgotten
+DOCS_VERSION = 3  # bump when the prompt, the checks or the gate change: remembered results are forgotten
 PROBE_PATH = ".lanes/doctest_probe.py"
 RESULTS_PATH = ".lanes/doctest_results.json"
 SANDBOX_ERROR = "sandbox_error"

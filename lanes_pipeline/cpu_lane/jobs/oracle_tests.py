@@ -72,6 +72,17 @@ from lanes_pipeline.sandbox.safety import redacted
 from lanes_pipeline.settings import SandboxLimits
 
 TestStyle = Literal["oracle", "assertions"]
+# Bump when the gate changes what it accepts: remembered verdicts are forgotten. 2: exceptions on purpose,
+# the remove_raises mutant, calls thinned by path.
+GATE_VERSION = 2
+# What an accepted test passed, in the order the gate checks it (checks_of_test).
+BASE_TEST_CHECKS = (
+    "policy",
+    "passes at the commit",
+    "fails on raise_not_implemented",
+    "fails on return_none",
+)
+EXCEPTION_TEST_CHECKS = ("exception raised on purpose", "fails on remove_raises")
 MAX_EXAMPLE_CHARS = 1_200  # the repository's test shown as an example is cut here (whole lines)
 CLOSE_FENCE = "```"
 
@@ -323,6 +334,11 @@ def _compiles(expression: str) -> bool:
     except (SyntaxError, ValueError):
         return False
     return True
+
+
+def checks_of_test(code: str) -> list[str]:
+    """The checks an accepted test module has passed (a test expecting an exception meets two more)."""
+    return [*BASE_TEST_CHECKS, *(EXCEPTION_TEST_CHECKS if expected_exceptions(code) else ())]
 
 
 def gate_test_code(

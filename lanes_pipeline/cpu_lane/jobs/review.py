@@ -13,6 +13,7 @@ import difflib
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 
+from pydantic import Field
 from unidiff import PatchSet, UnidiffParseError
 
 from lanes_pipeline.config.base import Frozen
@@ -22,6 +23,7 @@ from lanes_pipeline.cpu_lane.jobs.allowlist import (
     example_problems,
     oracle_test_problem,
 )
+from lanes_pipeline.cpu_lane.jobs.oracle_tests import checks_of_test
 from lanes_pipeline.cpu_lane.jobs.rows import (
     GeneratedDocRow,
     GeneratedTestRow,
@@ -52,6 +54,7 @@ class ReviewItem(Frozen):
     patch: str | None = None  # a docstring's or refactor's unified diff of `path`
     docstring: str | None = None  # the docstring the gate accepted
     evidence: str
+    checks: list[str] = Field([], description="what the gate checked it for, in order (docs/review.md)")
 
     @property
     def label(self) -> str:
@@ -66,7 +69,13 @@ class ReviewItem(Frozen):
             status=status,  # type: ignore[arg-type]
             reason=reason,
             commit=commit,
+            checks=self.checks,
         )
+
+
+# What an accepted refactor passed (diff_judge): confined to its symbol, applied at the commit, and the
+# repository's suite and the day's accepted tests still passing with it.
+REFACTOR_CHECKS = ("confined to the symbol", "applies at the commit", "the suite passes")
 
 
 def review_items(
@@ -111,6 +120,7 @@ def review_items(
                 symbol=test.symbol,
                 content=test.code,
                 evidence=evidence,
+                checks=checks_of_test(test.code),
             )
         )
     for doc in docs:
@@ -130,6 +140,7 @@ def review_items(
                 patch=doc.diff,
                 docstring=doc.docstring,
                 evidence=f"doctest: {doc.reason}",
+                checks=doc.checks,
             )
         )
     for diff in refactors:
@@ -153,6 +164,7 @@ def review_items(
                 symbol=diff.symbol,
                 patch=diff.diff,
                 evidence=f"the repository's suite: {diff.reason}",
+                checks=list(REFACTOR_CHECKS),
             )
         )
     items.sort(key=lambda i: (KIND_ORDER[i.kind], i.source_path, i.symbol, i.path))
@@ -237,8 +249,9 @@ def commit_message(item: ReviewItem, day: str) -> str:
     return (
         f"{subject}\n\n"
         f"Written by lanes_pipeline's CPU lane on {day}; verified in its sandbox at the day's commit.\n"
-        f"Evidence: {item.evidence}\n\n"
-        f"{TRAILER}: {day}\n"
+        f"Evidence: {item.evidence}\n"
+        + (f"Checks passed: {', '.join(item.checks)}\n" if item.checks else "")
+        + f"\n{TRAILER}: {day}\n"
         f"Lanes-Item: {item.label}\n"
     )
 
@@ -247,3 +260,17 @@ def written_by_us(author_email: str, committer_email: str, message: str) -> bool
     """Whether a commit is one the project wrote on a review branch."""
     trailer = any(line.startswith(f"{TRAILER}: ") for line in message.splitlines())
     return author_email == committer_email == AUTHOR_EMAIL and trailer
+
+
+def checks_report(rows: Sequence[ReviewItemRow]) -> str:
+    """`lanes report --day D`'s section on the review branch: each item of the day, what became of it and
+    the checks it passed (docs/review.md says what each one means)."""
+    lines = [f"## The review branch: {len(rows)} item(s)", ""]
+    if not rows:
+        return "\n".join([*lines, "none"])
+    lines += ["| repository | item | status | checks passed |", "|---|---|---|---|"]
+    for row in rows:
+        where = row.commit[:12] if row.commit else row.reason
+        checks = ", ".join(row.checks) or "(not listed)"
+        lines.append(f"| {row.repo} | {row.kind} {row.symbol} | {row.status} {where} | {checks} |")
+    return "\n".join(lines)

@@ -202,6 +202,8 @@ class ReviewItemRow(Row):
     status: Literal["committed", "skipped"]
     reason: str
     commit: str | None = Field(None, exclude_if=_unset)
+    # Left out when empty, so an older day's results.json (written before checks were listed) still reads.
+    checks: list[str] = Field([], exclude_if=_empty, description="what the gate checked the item for")
 
 
 class ReviewRepoRow(Row):

@@ -23,7 +23,12 @@ from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, names_de
 from lanes_pipeline.cpu_lane.jobs.backlog import is_covered
 from lanes_pipeline.cpu_lane.jobs.day_selection import DAY_VERSION, DaySelection, register_of
 from lanes_pipeline.cpu_lane.jobs.memo import Memo, memo_key
-from lanes_pipeline.cpu_lane.jobs.oracle_tests import SymbolTestResult, VerifyPlace, run_symbol_tests
+from lanes_pipeline.cpu_lane.jobs.oracle_tests import (
+    GATE_VERSION,
+    SymbolTestResult,
+    VerifyPlace,
+    run_symbol_tests,
+)
 from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
 from lanes_pipeline.sandbox.isolation import Isolation
@@ -129,7 +134,13 @@ class SymbolTestDay:
         config = self.config
         asked = (config.model, config.samples, config.max_tokens, config.limits.model_dump())
         return memo_key(
-            "symbol_tests", DAY_VERSION, symbol.memo_key, place.commit, *asked, place.python is not None
+            "symbol_tests",
+            DAY_VERSION,
+            GATE_VERSION,
+            symbol.memo_key,
+            place.commit,
+            *asked,
+            place.python is not None,
         )
 
     def _results(
