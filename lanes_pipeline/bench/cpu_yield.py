@@ -19,6 +19,9 @@ accepted, targets_with_accepted, pass_at_1, pass_at_n):
   docstrings per symbol, each accepted only if it names every parameter and its `>>>` examples pass as
   doctests in the sandbox; one target per symbol and day;
 
+each with `reviewer_refusals_caught` (analysis, tests, docs): the answers the checks a reviewer would make
+refused (issue 54; `reviewer_refusals`);
+
 and `dataset_rows`: lora_dataset's train + eval rows over the days, with the targets of issue 11; then
 `real_package` (bench/real_package.py): a real PyPI package's releases, one a day, through the same assets
 from another empty data folder, with the files left out for size and the day every symbol is covered.
@@ -173,6 +176,30 @@ def docs_yield(store: ArtifactStore, days: Sequence[str]) -> KindYield:
     return kind_yield(tallies)
 
 
+def reviewer_refusals(store: ArtifactStore, days: Sequence[str]) -> dict[str, int]:
+    """Per asset, the answers refused by the checks a reviewer would make (issue 54), summed over the days:
+    analyses the code contradicts; tests (or calls of them) of an exception the target does not raise on
+    purpose or whose guard does not decide it; docstrings stating what the code does not bear out or
+    replacing the author's. refactor_proposals has no such check of its own (the suite is its gate)."""
+    analysis = sum(
+        (item.reason or "").startswith("contradicts the code")
+        for day in days
+        for repo in read_results(store, "repo_analysis", day, AnalysisRow)
+        for item in repo.files
+    )
+    tests = sum(
+        r.reviewer_refusals or 0
+        for day in days
+        for r in read_results(store, "generated_tests", day, GeneratedTestRow)
+    )
+    docs = sum(
+        r.reviewer_refusals or 0
+        for day in days
+        for r in read_results(store, "generated_docs", day, GeneratedDocRow)
+    )
+    return {"analysis": analysis, "tests": tests, "docs": docs}
+
+
 def coverage_by_day(
     metadata: dict[str, dict[str, dict[str, Any]]], days: Sequence[str]
 ) -> list[dict[str, Any]]:
@@ -197,9 +224,10 @@ def run(settings: Settings) -> dict[str, Any]:
                 "docs": docs_yield(store, days),
             }
             dataset = dataset_rows(metadata, days)
+            caught = reviewer_refusals(store, days)
         finally:
             server.stop()
-    out = report(kinds, dataset, coverage_by_day(metadata, days), rows, days)
+    out = report(kinds, dataset, coverage_by_day(metadata, days), rows, days, caught)
     # Issue 11's targets on real code nobody here wrote: a PyPI package's releases, one a day.
     package = real_package.run(settings)
     out["real_package"] = package
@@ -224,6 +252,7 @@ def report(
     per_day: list[dict[str, Any]],
     tests: Sequence[GeneratedTestRow],
     days: Sequence[str],
+    caught: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     total = rows["train"] + rows["eval"]
     asked = kinds["tests"].asked
@@ -242,6 +271,8 @@ def report(
         },
     }
     out: dict[str, Any] = {name: kinds[name].model_dump(exclude_none=True) for name in KINDS}
+    for name, count in (caught or {}).items():
+        out[name]["reviewer_refusals_caught"] = count
     out |= {
         "dataset_rows": total,
         "dataset_split": rows,
@@ -260,13 +291,15 @@ def markdown(out: dict[str, Any]) -> str:
     lines = [
         f"CPU-lane yield on the sample repository, days {', '.join(out['days'])} (embedded model):",
         "",
-        "| kind | asked | sampled | accepted | targets with accepted | pass@1 | pass@n | note |",
-        "|---|---|---|---|---|---|---|---|",
+        "| kind | asked | sampled | accepted | reviewer refusals caught | targets with accepted | pass@1 "
+        "| pass@n | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in KINDS:
         k = out[name]
         lines.append(
-            f"| {name} | {k['asked']} | {k['sampled']} | {k['accepted']} | {k['targets_with_accepted']} "
+            f"| {name} | {k['asked']} | {k['sampled']} | {k['accepted']} "
+            f"| {k.get('reviewer_refusals_caught', 'no such check')} | {k['targets_with_accepted']} "
             f"| {k['pass_at_1']:.1%} | {k['pass_at_n']:.1%} | {k.get('note', '')} |"
         )
     targets = out["targets"]

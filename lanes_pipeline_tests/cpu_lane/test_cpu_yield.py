@@ -15,7 +15,8 @@ def test_the_report_has_every_kind_the_targets_and_the_gap() -> None:
         "refactor": kind_yield([]),
         "docs": KindYield(note="not implemented"),
     }
-    out = report(kinds, {"train": 30, "eval": 3}, [], [], sample_days())
+    caught = {"analysis": 2, "tests": 3, "docs": 0}
+    out = report(kinds, {"train": 30, "eval": 3}, [], [], sample_days(), caught)
     assert sample_days() == ["2026-11-01", "2026-11-02", "2026-11-03"]
     for name in KINDS:
         assert set(out[name]) >= {
@@ -35,5 +36,8 @@ def test_the_report_has_every_kind_the_targets_and_the_gap() -> None:
     assert out["targets"]["tests_targets_with_accepted_share"]["met"]
     assert (
         "MISSED by 7" in out["markdown"]
-        and "| docs | 0 | 0 | 0 | 0 | 0.0% | 0.0% | not implemented |" in (out["markdown"])
+        and "| docs | 0 | 0 | 0 | 0 | 0 | 0.0% | 0.0% | not implemented |" in (out["markdown"])
     )
+    # Beside `accepted`, per asset, what the reviewer's checks refused (refactor has none of its own).
+    assert [out[name].get("reviewer_refusals_caught") for name in KINDS] == [2, 3, None, 0]
+    assert "| refactor | 0 | 0 | 0 | no such check |" in out["markdown"]

@@ -17,7 +17,7 @@ from lanes_pipeline.cpu_lane.assets.common import LaneUsage, is_transient, ratio
 from lanes_pipeline.cpu_lane.assets.generated_tests import generated_tests
 from lanes_pipeline.cpu_lane.assets.repo_snapshot import repo_snapshot
 from lanes_pipeline.cpu_lane.jobs.docstring_day import DocsConfig, DocsCoverage, DocsDay, DocsResult
-from lanes_pipeline.cpu_lane.jobs.docstrings import FURTHEST
+from lanes_pipeline.cpu_lane.jobs.docstrings import FURTHEST, REVIEWER_REFUSALS
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.cpu_lane.jobs.rows import GeneratedDocRow, GeneratedDocsFigures, GeneratedTestRow
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import kind_yield
@@ -40,6 +40,7 @@ def doc_row(repo: str, result: DocsResult) -> GeneratedDocRow:
         "symbol": result.name,
         "sampled": len(result.answers),
         "accepted_answers": sum(a.accepted for a in result.answers),
+        "reviewer_refusals": sum(a.status in REVIEWER_REFUSALS for a in result.answers),
     }
     accepted = [a for a in result.answers if a.accepted]
     if accepted:

@@ -56,6 +56,7 @@ def symbol_row(repo: str, result: SymbolTestResult) -> GeneratedTestRow:
         "test_file": result.test_file,
         "sampled": len(result.answers),
         "accepted_answers": sum(a.accepted for a in result.answers),
+        "reviewer_refusals": sum(a.reviewer_refusal for a in result.answers),
     }
     if result.accepted_tests:
         code = max(result.accepted_tests, key=len)

@@ -102,6 +102,9 @@ DocRejection = Literal[
     "fails_doctest",  # the examples do not pass in the sandbox (failure, error, timeout)
 ]
 DocStatus = Literal["accepted", "no_answer"] | DocRejection
+# The refusals a reviewer reading the prose would make (issue 54): facts the code does not bear out, and
+# the author's docstring replaced.
+REVIEWER_REFUSALS: tuple[DocStatus, ...] = ("contradicts_code", "replaces_docstring")
 FURTHEST: tuple[DocStatus, ...] = (
     "fails_doctest",
     "unsafe",

@@ -75,6 +75,8 @@ TestStyle = Literal["oracle", "assertions"]
 # Bump when the gate changes what it accepts: remembered verdicts are forgotten. 2: exceptions on purpose,
 # the remove_raises mutant, calls thinned by path.
 GATE_VERSION = 2
+UNINTENDED = "unintended_exception"
+REMOVE_RAISES_SURVIVED = "survives the remove_raises mutant"
 # What an accepted test passed, in the order the gate checks it (checks_of_test).
 BASE_TEST_CHECKS = (
     "policy",
@@ -137,10 +139,21 @@ class AnswerVerdict(Frozen):
     reason: str = ""
     calls: list[str] = Field([], description="oracle: the calls parsed from the answer")
     test_code: str | None = Field(None, description="the test judged (None: none could be written)")
+    left_out: list[str] = Field(
+        [], description="oracle: calls whose exception the target does not raise on purpose (no test)"
+    )
 
     @property
     def accepted(self) -> bool:
         return self.status == "accepted"
+
+    @property
+    def reviewer_refusal(self) -> bool:
+        """Whether the checks a reviewer would make (issue 54) refused it, or a call of it: an exception the
+        target does not raise on purpose, or one its guard does not decide."""
+        return (
+            bool(self.left_out) or self.reason.startswith(UNINTENDED) or REMOVE_RAISES_SURVIVED in self.reason
+        )
 
 
 class SymbolTestResult(Frozen):
@@ -351,7 +364,7 @@ def gate_test_code(
         return "rejected_static", f"{problem[0]}: {problem[1]}"
     unintended = unintended_exception_problem(code, module_source(place, symbol), symbol.name)
     if unintended is not None:
-        return "rejected_static", f"unintended_exception: {unintended}"
+        return "rejected_static", f"{UNINTENDED}: {unintended}"
     return judge(symbol, code)
 
 
@@ -391,13 +404,14 @@ def verify_answer(
     on_purpose = [
         o for o in run.usable if o.status == "value" or raised_on_purpose(source, symbol.name, o.exception)
     ]
+    left_out = [o.call for o in run.usable if o not in on_purpose]
     if not on_purpose:
         raised = sorted({o.exception for o in run.usable})
         reason = f"every call raised ({', '.join(raised)}) and {symbol.name} raises none of it on purpose"
-        return AnswerVerdict(status="no_usable_result", reason=reason[:600], **common)
+        return AnswerVerdict(status="no_usable_result", reason=reason[:600], left_out=left_out, **common)
     code = oracle_test_file(symbol.module, symbol.name, thinned(on_purpose))
     status, reason = judge(symbol, code)
-    return AnswerVerdict(status=status, reason=reason, test_code=code, **common)
+    return AnswerVerdict(status=status, reason=reason, test_code=code, left_out=left_out, **common)
 
 
 def _no_answer(sample: int, item: ItemResult | None) -> AnswerVerdict:

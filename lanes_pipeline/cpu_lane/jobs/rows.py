@@ -123,6 +123,9 @@ class GeneratedTestRow(Row):
     symbol: str | None = Field(None, exclude_if=_unset)
     sampled: int | None = Field(None, exclude_if=_unset)
     accepted_answers: int | None = Field(None, exclude_if=_unset)
+    reviewer_refusals: int | None = Field(
+        None, exclude_if=_unset, description="sampled answers a reviewer's check refused (AnswerVerdict)"
+    )
 
     @property
     def accepted(self) -> bool:
@@ -151,6 +154,9 @@ class GeneratedDocRow(Row):
     # reads and a row that passed none keeps its old shape.
     checks: list[str] = Field(
         [], exclude_if=_empty, description="the checks its docstring passed (docstring_day.DOC_CHECKS)"
+    )
+    reviewer_refusals: int | None = Field(
+        None, exclude_if=_unset, description="sampled answers refused for what they state (REVIEWER_REFUSALS)"
     )
 
     @property

@@ -9,7 +9,8 @@ import ast
 
 import pytest
 
-from lanes_pipeline.cpu_lane.jobs.docstring_day import DOC_CHECKS, verify_doc_answer
+from lanes_pipeline.cpu_lane.assets.generated_docs import doc_row
+from lanes_pipeline.cpu_lane.jobs.docstring_day import DOC_CHECKS, DocsResult, verify_doc_answer
 from lanes_pipeline.cpu_lane.jobs.docstring_edit import Documented, find_node
 from lanes_pipeline.cpu_lane.jobs.docstring_facts import (
     FACT_CHECKS,
@@ -192,8 +193,19 @@ def test_the_job_refuses_the_issue_54_answer_before_any_sandbox() -> None:
         "Returns 1 as the number of times the number is raised to the power of 1",
         "True when `n` is 1, 2, 4, 8, ...; False for 0 and negative numbers.",
     )
+    replaced = answer
     answer = verify_doc_answer(judge, symbol, source, 0, extended)
     assert answer.status == "contradicts_code" and judge.ran == 0
+    # Both are what a reviewer reading the prose refuses: cpu_yield counts them per symbol.
+    result = DocsResult(
+        symbol_id=symbol.id,
+        path=symbol.path,
+        module=symbol.module,
+        name=symbol.name,
+        memo_key=symbol.memo_key,
+        answers=[replaced, answer],
+    )
+    assert doc_row("sample", result).reviewer_refusals == 2
     assert "Args: `power` is not a parameter of is_power_of_two" in answer.reason
     assert "Raises: `TypeError`" in answer.reason and "Raises: `ValueError`" in answer.reason
     assert answer.checks == ["keeps_existing_docstring", "names_every_parameter", "summary", "returns"]

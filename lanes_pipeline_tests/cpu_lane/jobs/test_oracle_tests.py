@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import lanes_pipeline.repos.sample_repo as sample_repo
+from lanes_pipeline.cpu_lane.assets.generated_tests import symbol_row
 from lanes_pipeline.cpu_lane.batching.answer_cache import ResponseCache, cache_key
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult, BatchRunner
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemFailure, ItemResult
@@ -239,6 +240,9 @@ def test_an_exception_the_target_raises_on_purpose_is_kept_and_the_guard_mutant_
     [test] = result.accepted_tests
     assert "with pytest.raises(ValueError):\n        median([])" in test
     assert "TypeError" not in test and "median(3)" not in test  # sorted() of an int: a wrong call
+    assert verdict.left_out == ["median(3)"] and verdict.reviewer_refusal  # counted by cpu_yield
+    row = symbol_row("r", result)
+    assert (row.verdict, row.accepted_answers, row.reviewer_refusals) == ("passed", 1, 1)
     # Model-written: a wrong call is refused before anything runs; a test the guard does not decide dies
     # on remove_raises (int() raises the same ValueError without it).
     wrong = "():\n    import pytest\n\n    with pytest.raises(TypeError):\n        median(3)\n"
@@ -247,6 +251,7 @@ def test_an_exception_the_target_raises_on_purpose_is_kept_and_the_guard_mutant_
     )
     assert result.answers[0].status == "rejected_static"
     assert result.answers[0].reason.startswith("unintended_exception: expects TypeError but median never")
+    assert result.answers[0].reviewer_refusal
     parse = mathbits_symbol("parse_count", "parse.py")
     loose = "():\n    import pytest\n\n    with pytest.raises(ValueError):\n        parse_count('x')\n"
     [result] = verify_symbol_answers(
@@ -254,6 +259,7 @@ def test_an_exception_the_target_raises_on_purpose_is_kept_and_the_guard_mutant_
     )
     assert result.answers[0].status == "survives_mutant"
     assert result.answers[0].reason.startswith("survives the remove_raises mutant of parse_count")
+    assert result.answers[0].reviewer_refusal
     guarded = loose.replace("parse_count('x')", "parse_count('-3')")
     [result] = verify_symbol_answers(
         mathbits_place, [parse], [answered("assertions", parse, 0, guarded)], 1, style="assertions"
