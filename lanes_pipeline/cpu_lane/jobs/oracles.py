@@ -399,13 +399,39 @@ def usable(observation: Observation) -> bool:
     )
 
 
+def _returned_arguments(observation: Observation) -> frozenset[str]:
+    """Which arguments of the call the result equals (same type and value): `clamp(15, 0, 10) == 10` returns
+    its third, `clamp(-3, 0, 10) == 0` its second. Behaviour a line path cannot show (`max(low, min(...))`
+    is one line whichever bound wins)."""
+    if observation.status != "value":
+        return frozenset()
+    try:
+        call = parse_python(observation.call).body[0]
+        result = ast.literal_eval(observation.value_repr)
+    except (SyntaxError, ValueError, IndexError, TypeError, MemoryError, RecursionError):
+        return frozenset()
+    node = getattr(call, "value", None)
+    if not isinstance(node, ast.Call):
+        return frozenset()
+    arguments = {str(i): a for i, a in enumerate(node.args)} | {k.arg or "**": k.value for k in node.keywords}
+    found = set()
+    for name, argument in arguments.items():
+        with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            value = ast.literal_eval(argument)
+            if type(value) is type(result) and value == result:
+                found.add(name)
+    return frozenset(found)
+
+
 def thinned(observations: Sequence[Observation]) -> list[Observation]:
-    """The observations that each take a path through the code no earlier one took (ten factorials of
-    positive numbers are one path: the first stays); one whose path was not traced always stays."""
-    seen: set[tuple[str, str, frozenset[tuple[int, int]]]] = set()
+    """The observations that each show behaviour no earlier one showed: a path through the code no earlier
+    call took, or on the same path a different argument returned (ten factorials of positive numbers are one
+    path returning none of their arguments: the first stays). One whose path was not traced always stays."""
+    seen: set[tuple[str, str, frozenset[tuple[int, int]], frozenset[str]]] = set()
     kept = []
     for observation in observations:
-        key = (observation.status, observation.exception, frozenset(map(tuple, observation.arcs)))
+        path = frozenset(map(tuple, observation.arcs))
+        key = (observation.status, observation.exception, path, _returned_arguments(observation))
         if observation.arcs and key in seen:
             continue
         seen.add(key)

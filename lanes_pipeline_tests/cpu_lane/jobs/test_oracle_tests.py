@@ -274,10 +274,22 @@ def test_calls_down_the_same_path_are_thinned_to_the_first(mathbits_place: Verif
     [result] = verify_symbol_answers(mathbits_place, [factorial], items, 1)
     assert result.answers[0].status == "accepted", result.answers[0].reason
     [test] = result.accepted_tests
-    # 0 and 1 skip the loop, 5, 6 and 10 run it, -1 and -4 hit the guard: one call of each path.
-    assert "factorial(0) == 1" in test and "factorial(5) == 120" in test and "factorial(-1)" in test
-    for thinned_call in ("factorial(1)", "factorial(6)", "factorial(10)", "factorial(-4)"):
+    # 0 and 1 skip the loop (1 returns its argument, 0 does not), 5, 6 and 10 run it, -1 and -4 hit the
+    # guard: one call of each behaviour.
+    assert "factorial(0) == 1" in test and "factorial(1) == 1" in test and "factorial(5) == 120" in test
+    assert "factorial(-1)" in test
+    for thinned_call in ("factorial(6)", "factorial(10)", "factorial(-4)"):
         assert thinned_call not in test
+    # clamp's bounds are one line (`max(low, min(value, high))`): which argument comes back tells them apart.
+    clamp = mathbits_symbol("clamp")
+    answer = (
+        "15, 0, 10)\nclamp(-3, 0, 10)\nclamp(5, 0, 10)\nclamp(4, 7, 7)\nclamp(20, 0, 10)\nclamp(6, 0, 10)\n"
+    )
+    [result] = verify_symbol_answers(mathbits_place, [clamp], [answered("oracle", clamp, 0, answer)], 1)
+    [test] = result.accepted_tests
+    for kept_call in ("clamp(15, 0, 10)", "clamp(-3, 0, 10)", "clamp(5, 0, 10)", "clamp(4, 7, 7)"):
+        assert kept_call in test
+    assert "clamp(20, 0, 10)" not in test and "clamp(6, 0, 10)" not in test
 
 
 @pytest.mark.usefixtures("cpu_engine")
