@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lanes_pipeline.cpu_lane.jobs.oracles import kills_mutants
+from lanes_pipeline.cpu_lane.jobs.teeth import kills_mutants
 from lanes_pipeline.dataset.body_check import function_sandbox
 from lanes_pipeline.dataset.held_out_tasks import held_out_of_repo
 from lanes_pipeline.git import CommitSpec, build_history

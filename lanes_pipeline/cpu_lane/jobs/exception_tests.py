@@ -17,6 +17,17 @@ from lanes_pipeline.cpu_lane.jobs.docstring_edit import DocstringError, find_nod
 from lanes_pipeline.cpu_lane.jobs.docstring_facts import ANY_EXCEPTION, exception_ancestors, raisable
 from lanes_pipeline.sandbox.python_source import parse_python
 
+UNINTENDED = "unintended_exception"
+REMOVE_RAISES_SURVIVED = "survives the remove_raises mutant"
+# What an accepted test passed, in the order the gate checks it (checks_of_test).
+BASE_TEST_CHECKS = (
+    "policy",
+    "passes at the commit",
+    "fails on raise_not_implemented",
+    "fails on return_none",
+)
+EXCEPTION_TEST_CHECKS = ("exception raised on purpose", "fails on remove_raises")
+
 
 def deliberate_raises(source: str, target: str) -> set[str]:
     """The exceptions `target` (`f`, `C`, `C.m`) of the module `source` raises with a `raise` statement, its
@@ -70,3 +81,8 @@ def unintended_exception_problem(test_code: str, source: str, target: str) -> st
                 "of its module it calls): a test of a wrong call, not of the code"
             )
     return None
+
+
+def checks_of_test(code: str) -> list[str]:
+    """The checks an accepted test module has passed (a test expecting an exception meets two more)."""
+    return [*BASE_TEST_CHECKS, *(EXCEPTION_TEST_CHECKS if expected_exceptions(code) else ())]

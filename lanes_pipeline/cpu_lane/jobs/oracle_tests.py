@@ -34,12 +34,13 @@ from lanes_pipeline.config.base import Frozen
 from lanes_pipeline.cpu_lane.batching.batch import BatchResult
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResult
 from lanes_pipeline.cpu_lane.jobs.exception_tests import (
+    REMOVE_RAISES_SURVIVED,
+    UNINTENDED,
     expected_exceptions,
     raised_on_purpose,
     unintended_exception_problem,
 )
 from lanes_pipeline.cpu_lane.jobs.oracles import (
-    kills_mutants,
     observe_calls,
     oracle_test_file,
     parse_calls,
@@ -47,6 +48,7 @@ from lanes_pipeline.cpu_lane.jobs.oracles import (
 )
 from lanes_pipeline.cpu_lane.jobs.prompts import PromptLayout, TaskKind, register
 from lanes_pipeline.cpu_lane.jobs.tasks import extract_block, static_test_problem
+from lanes_pipeline.cpu_lane.jobs.teeth import kills_mutants
 from lanes_pipeline.cpu_lane.jobs.verified_sampling import (
     DEFAULT_TEMPERATURE,
     KindYield,
@@ -75,16 +77,6 @@ TestStyle = Literal["oracle", "assertions"]
 # Bump when the gate changes what it accepts: remembered verdicts are forgotten. 2: exceptions on purpose,
 # the remove_raises mutant, calls thinned by path.
 GATE_VERSION = 2
-UNINTENDED = "unintended_exception"
-REMOVE_RAISES_SURVIVED = "survives the remove_raises mutant"
-# What an accepted test passed, in the order the gate checks it (checks_of_test).
-BASE_TEST_CHECKS = (
-    "policy",
-    "passes at the commit",
-    "fails on raise_not_implemented",
-    "fails on return_none",
-)
-EXCEPTION_TEST_CHECKS = ("exception raised on purpose", "fails on remove_raises")
 MAX_EXAMPLE_CHARS = 1_200  # the repository's test shown as an example is cut here (whole lines)
 CLOSE_FENCE = "```"
 
@@ -347,11 +339,6 @@ def _compiles(expression: str) -> bool:
     except (SyntaxError, ValueError):
         return False
     return True
-
-
-def checks_of_test(code: str) -> list[str]:
-    """The checks an accepted test module has passed (a test expecting an exception meets two more)."""
-    return [*BASE_TEST_CHECKS, *(EXCEPTION_TEST_CHECKS if expected_exceptions(code) else ())]
 
 
 def gate_test_code(

@@ -23,7 +23,7 @@ from lanes_pipeline.cpu_lane.jobs.allowlist import (
     example_problems,
     oracle_test_problem,
 )
-from lanes_pipeline.cpu_lane.jobs.oracle_tests import checks_of_test
+from lanes_pipeline.cpu_lane.jobs.exception_tests import checks_of_test
 from lanes_pipeline.cpu_lane.jobs.rows import (
     GeneratedDocRow,
     GeneratedTestRow,

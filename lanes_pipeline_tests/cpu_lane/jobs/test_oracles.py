@@ -14,13 +14,13 @@ import lanes_pipeline.repos.sample_repo as sample_repo
 from lanes_pipeline.cpu_lane.jobs.mutants import mutants
 from lanes_pipeline.cpu_lane.jobs.oracles import (
     Observation,
-    kills_mutants,
     observe_calls,
     oracle_test_file,
     parse_calls,
     probe_script,
     read_observations,
 )
+from lanes_pipeline.cpu_lane.jobs.teeth import kills_mutants
 from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.sandbox.isolation import detect_isolation, judge_test_file, open_sandbox
 from lanes_pipeline.settings import SandboxLimits
@@ -68,6 +68,11 @@ def test_parse_calls_of_methods_bare_lines_and_prose() -> None:
     parsed = parse_calls(answer, "Counter.most_common")
     assert parsed.calls == ["Counter([1, 1]).most_common(1)"]
     assert parse_calls("words('a b', n=set())\nwords(x.y)", "words").calls == ["words('a b', n=set())"]
+    # An expected value written without its `assert`: the call is the proposal, the guess is dropped.
+    assert parse_calls("factorial(1) == 1\nfactorial(3) == 7", "factorial").calls == [
+        "factorial(1)",
+        "factorial(3)",
+    ]
     assert parse_calls("\n".join(f"f({i})" for i in range(30)), "f", max_calls=4).calls == [
         "f(0)",
         "f(1)",
