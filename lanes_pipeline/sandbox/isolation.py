@@ -66,6 +66,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from lanes_pipeline.git import git
+from lanes_pipeline.sandbox.build_outputs import write_build_outputs
 from lanes_pipeline.sandbox.host_read import (
     UnsafeResultError,
     read_result_text,
@@ -262,8 +263,14 @@ def export_commit(repo: Path, commit: str, target: Path) -> None:
 def open_sandbox(
     repo: Path, commit: str, limits: SandboxLimits, isolation: Isolation | None = None
 ) -> Iterator[Sandbox]:
-    """A sandbox at `commit`, deleted on exit whatever happened inside."""
-    with _new_sandbox(limits, isolation, lambda worktree: export_commit(repo, commit, worktree)) as sandbox:
+    """A sandbox at `commit`, with what the repository's build would add (build_outputs.py), deleted on
+    exit whatever happened inside."""
+
+    def fill(worktree: Path) -> None:
+        export_commit(repo, commit, worktree)
+        write_build_outputs(repo, commit, worktree)
+
+    with _new_sandbox(limits, isolation, fill) as sandbox:
         yield sandbox
 
 
