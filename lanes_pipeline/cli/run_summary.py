@@ -157,10 +157,13 @@ def _analysis(m: Mapping[str, Any]) -> str:
 
 def _tests(m: Mapping[str, Any]) -> str:
     f = GeneratedTestsFigures.read(m)
-    return (
+    line = (
         f"{f.accepted} of {f.candidates} tests accepted; coverage {f.symbols_with_accepted_test} of "
         f"{f.symbols} symbols ({f.test_coverage:.0%})"
     )
+    if f.modules_not_importable:
+        line += f"; {f.modules_not_importable} module(s) not asked, they do not import: {f.import_problem}"
+    return line
 
 
 def _docs(m: Mapping[str, Any]) -> str:

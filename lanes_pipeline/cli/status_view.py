@@ -302,6 +302,9 @@ def _coverage_lines(status: Status) -> list[str]:
             f"  {c.repo:<{width}}  {c.covered} of {c.symbols} symbols covered ({share}), "
             f"{c.with_accepted_test} with an accepted test, {c.remaining} waiting in the backlog"
         )
+        if c.import_problems:
+            first = next(iter(c.import_problems.values()))
+            lines.append(f"  {'':<{width}}  {len(c.import_problems)} module(s) not asked: {first}")
     return lines
 
 

@@ -107,6 +107,9 @@ def promote_a_version(data: Path) -> None:
     registry.record_move(ALIAS, VERSION, "promoted on its day's evaluation", {VERSION: "promoted"})
 
 
+IMPORT_PROBLEM = "`import gen` fails in the sandbox: ModuleNotFoundError: No module named 'gen._version'"
+
+
 def record_coverage(data: Path) -> None:
     """Two days of generated_tests' coverage: the newest is the one to show."""
     store = ArtifactStore(data / "artifacts")
@@ -119,6 +122,7 @@ def record_coverage(data: Path) -> None:
             changed_today=3,
             backlog_today=9,
             remaining=30 - covered,
+            import_problems={"gen": IMPORT_PROBLEM} if day == DAY else {},
         )
         store.write_json(COVERAGE_FOLDER, day, COVERAGE_FILE, [row.model_dump(mode="json")])
 
@@ -187,6 +191,7 @@ def test_with_the_lanes_down_the_status_says_so_and_exits_3(
     assert (
         "sample  12 of 30 symbols covered (40%), 5 with an accepted test, 18 waiting in the backlog" in text
     )
+    assert f"        1 module(s) not asked: {IMPORT_PROBLEM}" in text  # why part of the day stayed empty
     assert f"The CPU and GPU lanes are down (exit code {LANE_DOWN_EXIT})" in text
 
     as_json = CliRunner().invoke(main, ["status", "--json"])

@@ -307,11 +307,13 @@ def test_day1_runs_in_full_and_leaves_hostile_files_out(runs: dict[str, Any]) ->
     assert all(v["reason"] for v in verdicts)
     assert day1.checks["lora_dataset_has_no_secrets"] is True
     assert day1.checks["lora_dataset_holds_out_symbols"] is True  # no held-out body in a training row
+    assert day1.checks["generated_tests_modules_import"] is True  # every module imported in the sandbox
     assert set(day1.checks) == {
         "lora_dataset_has_rows",
         "lora_dataset_holds_out_symbols",
         "lora_dataset_has_no_secrets",
         "repo_analysis_parse_rate",
+        "generated_tests_modules_import",
     }
 
 
@@ -433,6 +435,7 @@ def test_cpu_lane_assets_are_registered_daily_with_their_pool_and_checks() -> No
         ("lora_dataset", "lora_dataset_has_rows"),
         ("lora_dataset", "lora_dataset_holds_out_symbols"),
         ("repo_analysis", "repo_analysis_parse_rate"),
+        ("generated_tests", "generated_tests_modules_import"),
     } <= checks
     assert "pipeline_settings" in (defs.resources or {})
 

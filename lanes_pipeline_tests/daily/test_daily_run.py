@@ -178,6 +178,16 @@ def test_summary_shows_the_test_coverage_of_the_days_repositories() -> None:
     assert RESULTS["generated_docs"](docs.metadata()) == expected
 
 
+def test_summary_says_once_why_a_module_was_not_asked() -> None:
+    """An empty day names its cause (issue 55): the modules that do not import, and the first one's reason."""
+    why = "mine: `import pkg` fails in the sandbox: ModuleNotFoundError: No module named 'pkg._version'"
+    figures = GeneratedTestsFigures(candidates=0, symbols=20, modules_not_importable=3, import_problem=why)
+    assert RESULTS["generated_tests"](figures.metadata()) == (
+        "0 of 0 tests accepted; coverage 0 of 20 symbols (0%); "
+        f"3 module(s) not asked, they do not import: {why}"
+    )
+
+
 def test_summary_closes_with_the_review_branch_and_the_command_to_read_it() -> None:
     command = "git -C /home/u/repo log -p 0123456789ab..lanes/2026-11-02"
     figures = ReviewFigures(repos=1, branches=1, commits=4, items_skipped=1, tips_passing=1)

@@ -181,6 +181,9 @@ def generated_tests(
     sampled = kind_yield([r.tally for r in results])
     symbols = sum(c.symbols for c in coverage)
     with_test = sum(c.with_accepted_test for c in coverage)
+    not_importable = [f"{c.repo}: {why}" for c in coverage for why in c.import_problems.values()]
+    for line in not_importable:
+        context.log.warning(f"generated_tests {line}")
     return MaterializeResult(
         metadata={
             **GeneratedTestsFigures(
@@ -192,6 +195,8 @@ def generated_tests(
                 symbols=symbols,
                 symbols_with_accepted_test=with_test,
                 test_coverage=ratio(with_test, symbols),
+                modules_not_importable=len(not_importable),
+                import_problem=not_importable[0] if not_importable else "",
             ).metadata(),
             **{f"rejected_{verdict}": n for verdict, n in sorted(counts.items()) if verdict != "passed"},
             **{f"tests/{k}": v for k, v in sampled.model_dump(exclude_none=True).items()},

@@ -295,6 +295,9 @@ class GeneratedTestsFigures(Figures):
     symbols: int = 0
     symbols_with_accepted_test: int = 0
     test_coverage: float = 0.0
+    # why a day may be empty: modules that do not import in the sandbox, and the first one's cause
+    modules_not_importable: int = 0
+    import_problem: str = ""
 
 
 class GeneratedDocsFigures(Figures):

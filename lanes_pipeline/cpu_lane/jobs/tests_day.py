@@ -4,7 +4,9 @@
    of covered symbols (memo keys asked, ids with an accepted test) grows as days run.
 2. The repository's environment (repo_env): none needed without dependency files (the project's Python runs
    the tests); when one is needed and cannot be built, the reason is recorded and no test is asked that day.
-3. Each symbol's oracle job (oracle_tests.py), remembered under what decides it (the symbol's memo key, the
+3. The day's modules imported once in the sandbox (sandbox/import_check.py): a module that does not import
+   is named with its cause, and its symbols are not asked (each would fail the same way).
+4. Each symbol's oracle job (oracle_tests.py), remembered under what decides it (the symbol's memo key, the
    commit, the model, samples, tokens, sandbox limits): a re-run asks and judges nothing.
 
 Coverage of the repository (symbols, covered so far, with an accepted test) comes back for the metadata.
@@ -31,6 +33,7 @@ from lanes_pipeline.cpu_lane.jobs.oracle_tests import (
 )
 from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
+from lanes_pipeline.sandbox.import_check import ImportProblem, import_problems
 from lanes_pipeline.sandbox.isolation import Isolation
 from lanes_pipeline.sandbox.repo_env import dependency_files_at, ensure_env, read_dependencies
 from lanes_pipeline.settings import SandboxLimits
@@ -55,6 +58,9 @@ class SymbolTestCoverage(Frozen):
     remaining: int = Field(description="never-covered symbols still waiting after the day")
     left_out: dict[str, str] = Field({}, description="files not scanned, with the reason")
     environment: str = Field("", description="why no test ran (the environment could not be built)")
+    import_problems: dict[str, str] = Field(
+        {}, description="module -> why it does not import in the sandbox (its symbols were not asked)"
+    )
 
     def share(self) -> float:
         return round(self.with_accepted_test / self.symbols, 4) if self.symbols else 0.0
@@ -95,6 +101,7 @@ class SymbolTestDay:
         register_key, covered, accepted = register_of(self.register, snapshot.repo)
         python, reason = self._environment(repo, snapshot.commit)
         results: list[SymbolTestResult] = []
+        problems: dict[str, ImportProblem] = {}
         if not reason:
             place = VerifyPlace(
                 repo=repo,
@@ -103,8 +110,13 @@ class SymbolTestDay:
                 python=python,
                 isolation=isolation() if targets else None,
             )
-            results = self._results(place, targets, snapshot.repo_map, today.test_sources, send)
-            covered |= {s.memo_key for s in targets}
+            modules = sorted({s.module for s in targets})
+            problems = import_problems(
+                repo, snapshot.commit, modules, self.config.limits, place.isolation, python
+            )
+            runnable = [s for s in targets if s.module not in problems]
+            results = self._results(place, runnable, snapshot.repo_map, today.test_sources, send)
+            covered |= {s.memo_key for s in runnable}  # a module that does not import: asked again
             accepted |= {r.symbol_id for r in results if r.accepted_tests}
             self.register.put(register_key, {"covered": sorted(covered), "accepted": sorted(accepted)})
         coverage = SymbolTestCoverage(
@@ -117,6 +129,7 @@ class SymbolTestDay:
             remaining=chosen.remaining,
             left_out=today.left_out,
             environment=reason,
+            import_problems={module: problem.describe() for module, problem in problems.items()},
         )
         return results, coverage
 
