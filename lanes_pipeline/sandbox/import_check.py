@@ -23,29 +23,48 @@ from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result_text
 from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox
 from lanes_pipeline.settings import SandboxLimits
 
-RESULTS_PATH = ".lanes/import_results.json"
+RESULTS_PATH = ".lanes/import_results.jsonl"
 PROBE_PATH = ".lanes/import_probe.py"
-# Runs inside the sandbox with the repository's Python; the worktree is its working directory.
+PER_MODULE_S = 20  # one module that hangs at import costs this, not the others their answer
+# Runs inside the sandbox with the repository's Python; the worktree is its working directory. One JSON
+# line per module as soon as it is known, so a probe killed midway keeps what it learnt.
 _PROBE = """\
-import importlib, json, os, sys, traceback
+import importlib, json, os, signal, sys, traceback
 
 ROOT = os.getcwd()
-found = {{}}
-for name in {modules}:
-    try:
-        importlib.import_module(name)
-    except BaseException as exc:
-        frames = traceback.extract_tb(exc.__traceback__)
-        own = [f for f in frames if f.filename.startswith(ROOT + os.sep)] or frames[-1:]
-        where = own[-1] if own else None
-        found[name] = {{
-            "exception": type(exc).__name__,
-            "message": str(exc)[:300],
-            "file": os.path.relpath(where.filename, ROOT) if where else "",
-            "line": where.lineno if where else 0,
-        }}
+
+
+class _Slow(BaseException):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Slow()
+
+
+signal.signal(signal.SIGALRM, _alarm)
 with open(sys.argv[1], "w", encoding="utf-8") as out:
-    json.dump(found, out)
+    for name in {modules}:
+        row = {{"module": name}}
+        signal.alarm({per_module_s})
+        try:
+            importlib.import_module(name)
+        except _Slow:
+            row.update(exception="TimeoutError", message="importing it took over {per_module_s} s")
+        except BaseException as exc:
+            frames = traceback.extract_tb(exc.__traceback__)
+            own = [f for f in frames if f.filename.startswith(ROOT + os.sep)] or frames[-1:]
+            where = own[-1] if own else None
+            row.update(
+                exception=type(exc).__name__,
+                message=str(exc)[:300],
+                file=os.path.relpath(where.filename, ROOT) if where else "",
+                line=where.lineno if where else 0,
+            )
+        finally:
+            signal.alarm(0)
+        out.write(json.dumps(row) + "\\n")
+        out.flush()
 """
 
 
@@ -70,28 +89,38 @@ class ImportProblem(Frozen):
         return f"`import {self.module}` fails in the sandbox: {self.exception}: {self.message}{where}; {fix}"
 
 
-def probe_script(modules: Sequence[str]) -> str:
-    return _PROBE.format(modules=json.dumps(sorted(set(modules))))
+def probe_script(modules: Sequence[str], per_module_s: int = PER_MODULE_S) -> str:
+    return _PROBE.format(modules=json.dumps(sorted(set(modules))), per_module_s=per_module_s)
 
 
 def read_problems(text: str, modules: Sequence[str]) -> dict[str, ImportProblem]:
-    """The probe's results by module; a module the probe never reported (it died) counts as failing."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if not isinstance(data, Mapping):
-        reason = "the import probe wrote no result (it was killed, or a module ended the interpreter)"
-        return {m: ImportProblem(module=m, exception="ProbeFailed", message=reason) for m in modules}
-    found = {}
-    for module, entry in data.items():
-        if module in modules and isinstance(entry, Mapping):
-            try:
-                found[module] = ImportProblem(module=module, **entry)
-            except (TypeError, ValidationError):
-                found[module] = ImportProblem(
-                    module=module, exception="ProbeFailed", message=str(entry)[:300]
-                )
+    """The probe's results by module: a line with an exception is a problem, one without imported; a module
+    the probe never reported (it was killed first, or a module ended the interpreter) counts as failing."""
+    reported: dict[str, ImportProblem | None] = {}
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        module = row.get("module") if isinstance(row, Mapping) else None
+        if module not in modules:
+            continue
+        if "exception" not in row:
+            reported[module] = None
+            continue
+        try:
+            reported[module] = ImportProblem.model_validate(row)
+        except ValidationError:
+            reported[module] = ImportProblem(module=module, exception="ProbeFailed", message=str(row)[:300])
+    reason = (
+        "the import probe stopped before this module (killed, or an earlier module ended the interpreter)"
+    )
+    found = {m: p for m, p in reported.items() if p is not None}
+    found |= {
+        m: ImportProblem(module=m, exception="ProbeFailed", message=reason)
+        for m in modules
+        if m not in reported
+    }
     return found
 
 
@@ -112,5 +141,8 @@ def import_problems(
         try:
             text = read_result_text(sandbox.worktree, RESULTS_PATH) or ""
         except UnsafeResultError as exc:
-            text = json.dumps({m: {"exception": "ProbeFailed", "message": str(exc)[:300]} for m in modules})
+            text = "\n".join(
+                json.dumps({"module": m, "exception": "ProbeFailed", "message": str(exc)[:300]})
+                for m in modules
+            )
     return read_problems(text, list(modules))

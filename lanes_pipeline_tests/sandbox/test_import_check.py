@@ -3,6 +3,7 @@ its file and line and what fixes it; and generated_tests does not ask a symbol w
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,8 +15,15 @@ from lanes_pipeline.cpu_lane.jobs.day_selection import select_day
 from lanes_pipeline.cpu_lane.jobs.memo import Memo
 from lanes_pipeline.cpu_lane.jobs.tests_day import SymbolTestDay, SymbolTestsConfig
 from lanes_pipeline.git import CommitSpec, build_history
-from lanes_pipeline.sandbox.import_check import ImportProblem, import_problems, read_problems
-from lanes_pipeline.sandbox.isolation import detect_isolation
+from lanes_pipeline.sandbox.import_check import (
+    PROBE_PATH,
+    RESULTS_PATH,
+    ImportProblem,
+    import_problems,
+    probe_script,
+    read_problems,
+)
+from lanes_pipeline.sandbox.isolation import detect_isolation, open_sandbox
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore
 from lanes_pipeline_tests.cpu_lane.fixtures import sample_snapshot
@@ -60,18 +68,32 @@ def test_each_module_that_does_not_import_is_named_with_its_cause_and_fix(tmp_pa
     assert import_problems(repo, commit, [], LIMITS) == {}
 
 
-def test_a_probe_that_wrote_nothing_fails_every_module() -> None:
+def test_a_module_the_probe_never_reported_fails_and_what_it_reported_stays() -> None:
+    stopped = (
+        "the import probe stopped before this module (killed, or an earlier module ended the interpreter)"
+    )
     assert read_problems("", ["a", "b"]) == {
-        m: ImportProblem(
-            module=m,
-            exception="ProbeFailed",
-            message="the import probe wrote no result (it was killed, or a module ended the interpreter)",
-        )
-        for m in ("a", "b")
+        m: ImportProblem(module=m, exception="ProbeFailed", message=stopped) for m in ("a", "b")
     }
-    assert read_problems('{"a": {"exception": "E", "message": "m"}, "zz": {}}', ["a"]) == {
-        "a": ImportProblem(module="a", exception="E", message="m")
+    lines = '{"module": "a", "exception": "E", "message": "m"}\n{"module": "b"}\nnot json\n{"module": "zz"}'
+    assert read_problems(lines, ["a", "b", "c"]) == {
+        "a": ImportProblem(module="a", exception="E", message="m"),
+        "c": ImportProblem(module="c", exception="ProbeFailed", message=stopped),
     }
+
+
+def test_a_module_that_hangs_at_import_costs_its_own_budget_only(tmp_path: Path) -> None:
+    files = {"slow.py": "while True:\n    pass\n", "fine.py": "X = 1\n"}
+    repo = tmp_path / "repo"
+    commit = build_history(
+        repo, [CommitSpec(when=datetime(2026, 11, 1, tzinfo=UTC), message="d", files=files)]
+    )
+    with open_sandbox(repo, commit, LIMITS, detect_isolation()) as sandbox:
+        sandbox.write(PROBE_PATH, probe_script(["slow", "fine"], per_module_s=1))
+        sandbox.run([sys.executable, PROBE_PATH, str(sandbox.worktree / RESULTS_PATH)])
+        text = (sandbox.worktree / RESULTS_PATH).read_text(encoding="utf-8")
+    found = read_problems(text, ["slow", "fine"])
+    assert list(found) == ["slow"] and found["slow"].exception == "TimeoutError"
 
 
 class AnswerEveryTarget:
