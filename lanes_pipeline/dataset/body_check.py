@@ -17,7 +17,8 @@ from pathlib import Path
 from lanes_pipeline.dataset.held_out_tasks import cpu_test_path
 from lanes_pipeline.dataset.holdout_rules import HeldOutFunction
 from lanes_pipeline.sandbox.host_read import UnsafeResultError, read_result_text
-from lanes_pipeline.sandbox.isolation import Isolation, Sandbox, open_sandbox, run_pytest_outcomes
+from lanes_pipeline.sandbox.isolation import Isolation, Sandbox, open_sandbox
+from lanes_pipeline.sandbox.outcomes import run_pytest_outcomes
 from lanes_pipeline.sandbox.python_source import parse_python
 from lanes_pipeline.settings import SandboxLimits
 

@@ -9,7 +9,9 @@ Every held-out top-level function, with tests or without, is also cut into code 
 (completion_points.py), read from git at the day's commit beside the texts of their files.
 
 The same run vouches for the day's functions to teach: a function new or changed that day becomes a "write
-the body" row unless a repository test that calls it fails at that commit (broken code is not taught).
+the body" row unless a repository test that calls it ran and failed at that commit (broken code is not
+taught). A test that could not run (its module does not import in the sandbox, the run gave no report) is
+no verdict on the function: the user's own code is taught from the snapshot whatever the sandbox says.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from lanes_pipeline.git import ls_tree, read_blobs
 from lanes_pipeline.repos.scan import symbols_at
 from lanes_pipeline.repos.snapshot import Snapshot
 from lanes_pipeline.repos.symbols import Symbol
-from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest_outcomes
+from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox
+from lanes_pipeline.sandbox.outcomes import run_pytest_outcomes
 from lanes_pipeline.settings import SandboxLimits
 from lanes_pipeline.store import ArtifactStore
 
@@ -111,8 +114,8 @@ class RepoHoldOut(BaseModel):
     functions: list[HeldOutFunction] = Field([], description="held-out functions with passing tests: tasks")
     taught: list[Symbol] = Field(
         [],
-        description="functions new or changed at the commit (all on a first day) that no failing repository "
-        "test calls: each becomes a 'write the body' row (held-out ones go to eval)",
+        description="functions new or changed at the commit (all on a first day) that no repository test "
+        "calls that ran and failed: each becomes a 'write the body' row (held-out ones go to eval)",
     )
     files: dict[str, str] = Field(
         {}, description="path -> the text at the commit of each file holding a taught function"
@@ -126,7 +129,7 @@ class RepoHoldOut(BaseModel):
     problem: str | None = Field(
         None,
         description="why the tests gave no verdict (a hang killed at the time limit, a crash): no task "
-        "and nothing taught from this repository today, the other repositories go on",
+        "from this repository today; its functions are taught all the same (no verdict is no failure)",
     )
 
 
@@ -211,16 +214,18 @@ def held_out_of_repo(
     # Only tests that were run can give no report: held-out functions that no test calls (a suite of
     # unittest classes) and fresh functions without calling tests run nothing, which is not a problem.
     wanted = any(f.repo_tests or f.cpu_tests for f in functions) or any(fresh.values())
+    taught = [
+        s
+        for s in today.symbols
+        if s.id in fresh and not any(outcomes.get(t) == "failed" for t in fresh[s.id])
+    ]
+    files = file_texts(location, snapshot.commit, {s.path for s in taught})
     if wanted and not outcomes:
         problem = (
             f"the repository's tests at {snapshot.commit[:12]} gave no report in the sandbox (killed at "
             f"{limits.timeout_s} s, or crashed)"
         )
-        return RepoHoldOut(held=held, problem=problem, **skipped)
-    taught = [
-        s for s in today.symbols if s.id in fresh and all(outcomes.get(t) == "passed" for t in fresh[s.id])
-    ]
-    files = file_texts(location, snapshot.commit, {s.path for s in taught})
+        return RepoHoldOut(held=held, problem=problem, taught=taught, files=files, **skipped)
     return RepoHoldOut(
         held=held, functions=_keep_passing(functions, outcomes), taught=taught, files=files, **skipped
     )

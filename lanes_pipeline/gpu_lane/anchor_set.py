@@ -37,7 +37,8 @@ from lanes_pipeline.git import CommitSpec, GitError, build_history, git, ls_tree
 from lanes_pipeline.gpu_lane.repo_tasks import task_name
 from lanes_pipeline.repos.scan import function_stub, symbols_at
 from lanes_pipeline.repos.snapshot import is_test_path
-from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox, run_pytest_outcomes
+from lanes_pipeline.sandbox.isolation import Isolation, open_sandbox
+from lanes_pipeline.sandbox.outcomes import run_pytest_outcomes
 from lanes_pipeline.settings import SandboxLimits
 
 PACKAGES_DIR = Path(__file__).with_name("anchor_packages")

@@ -427,21 +427,15 @@ def run_pytest(
 ) -> RunReport:
     """One pytest run of `targets` (paths relative to the worktree) inside the sandbox; `python` is the
     repository environment's interpreter (default: the project's own)."""
-    return read_run(*_pytest_with_report(sandbox, targets, run_index, python))
+    return read_run(*pytest_with_report(sandbox, targets, run_index, python))
 
 
-def run_pytest_outcomes(
-    sandbox: Sandbox, targets: Sequence[str], python: str | None = None
-) -> dict[str, str]:
-    """One pytest run of `targets` (node ids or paths): node id -> outcome of each test that ran ("passed",
-    "failed", ...); empty when the run gave no report (it crashed, timed out or collected nothing)."""
-    _, report = _pytest_with_report(sandbox, targets, 0, python)
-    tests = (report or {}).get("tests") or {}
-    return {str(node): str(outcome) for node, outcome in dict(tests).items()}
-
-
-def _pytest_with_report(
-    sandbox: Sandbox, targets: Sequence[str], run_index: int, python: str | None
+def pytest_with_report(
+    sandbox: Sandbox,
+    targets: Sequence[str],
+    run_index: int,
+    python: str | None,
+    options: Sequence[str] = (),
 ) -> tuple[CommandResult, dict[str, object] | None]:
     report_name = f"{SCRATCH}/report-{run_index}.json"
     report_path = sandbox.worktree / report_name
@@ -457,6 +451,7 @@ def _pytest_with_report(
         "lanes_sandbox_report",
         "--rootdir",
         str(sandbox.worktree),
+        *options,
         "--",
         *targets,
     ]

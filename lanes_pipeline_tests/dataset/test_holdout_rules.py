@@ -167,8 +167,30 @@ def test_a_repository_whose_tests_hang_is_recorded_and_gives_no_task(tmp_path: P
     snapshot = shapes_snapshot("r", commit)
     limits = SandboxLimits(runs=1, timeout_s=5)
     split = held_out_of_repo(snapshot, tmp_path / "repo", 100, {}, limits, detect_isolation())
-    assert split.functions == [] and split.taught == [] and len(split.held) == 3
+    assert split.functions == [] and len(split.held) == 3
     assert split.problem is not None and "gave no report in the sandbox (killed at 5.0 s" in split.problem
+    # No verdict is no failure (issue 55): the functions are taught from the snapshot all the same.
+    assert [s.name for s in split.taught] == ["area", "double", "shout"] and "shapes.py" in split.files
+
+
+def test_a_test_that_cannot_run_withholds_nothing_one_that_ran_and_failed_does(tmp_path: Path) -> None:
+    """A test module that does not import in the sandbox (the environment lacks a package) gives no verdict
+    on the functions it calls; a test that ran and failed keeps its function out (double)."""
+    unimportable = "import lanes_not_installed_anywhere\nfrom shapes import area\n\n\ndef test_area():\n"
+    unimportable += "    assert area(1.0) > 3\n"
+    when = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    files = {
+        "shapes.py": SHAPES_MODULE,
+        "tests/test_shapes.py": SHAPES_TESTS,
+        "tests/test_env.py": unimportable,
+    }
+    commit = build_history(tmp_path / "repo", [CommitSpec(when=when, message="env", files=files)])
+    limits = SandboxLimits(runs=1, timeout_s=60)
+    split = held_out_of_repo(
+        shapes_snapshot("r", commit), tmp_path / "repo", 0, {}, limits, detect_isolation()
+    )
+    assert split.problem is None
+    assert [s.name for s in split.taught] == ["area", "shout"]  # double's calling test ran and failed
 
 
 def test_an_unchanged_day_teaches_nothing_unless_nothing_was_taught_yet(tmp_path: Path) -> None:

@@ -29,8 +29,8 @@ from lanes_pipeline.sandbox.isolation import (
     detect_isolation,
     interpreter_folders,
     open_sandbox,
-    run_pytest_outcomes,
 )
+from lanes_pipeline.sandbox.outcomes import run_pytest_outcomes
 from lanes_pipeline.settings import SandboxLimits
 
 CHECKOUT = Path(lanes_pipeline.__file__).resolve().parent.parent
