@@ -72,12 +72,11 @@ def version_tuple(version: str) -> tuple[int | str, ...]:
 
 def version_module(version: str, template: str | None) -> str:
     """The version module's text: the configured template (`{version}`, `{version_tuple}`) or the default."""
-    if template:
-        try:
-            return template.format(version=version, version_tuple=version_tuple(version))
-        except (KeyError, IndexError, ValueError):
-            pass  # a template this reading does not understand: the default holds the same names
-    return _DEFAULT_TEMPLATE.format(version=version, version_tuple=version_tuple(version))
+    fields = {"version": version, "version_tuple": version_tuple(version)}
+    try:
+        return (template or _DEFAULT_TEMPLATE).format(**fields)
+    except (KeyError, IndexError, ValueError):  # a template this reading does not understand
+        return _DEFAULT_TEMPLATE.format(**fields)  # the default defines the same names
 
 
 def build_outputs(pyproject: str, version: str) -> BuildOutputs:

@@ -15,11 +15,13 @@ from lanes_pipeline.cpu_lane.batching.batch import BatchResult, BatchRunner
 from lanes_pipeline.cpu_lane.batching.batch_models import BatchConfig, BatchRequest
 from lanes_pipeline.cpu_lane.batching.batch_summary import ProgressCallback
 from lanes_pipeline.cpu_lane.batching.client import CpuClient
+from lanes_pipeline.cpu_lane.jobs.oracle_tests import VerifyPlace
 from lanes_pipeline.cpu_lane.jobs.prompts import ASK, PromptLayout
 from lanes_pipeline.embedded.servers import EmbeddedServer, build_server
 from lanes_pipeline.git import CommitSpec, build_history, ls_tree
 from lanes_pipeline.repos.snapshot import FileEntry, Snapshot, language_of
-from lanes_pipeline.settings import RetryPolicy, Settings
+from lanes_pipeline.sandbox.isolation import detect_isolation
+from lanes_pipeline.settings import RetryPolicy, SandboxLimits, Settings
 
 COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "black", "white", "brown", "pink", "gray")
 
@@ -176,3 +178,15 @@ def shapes_repo(root: Path) -> tuple[Path, str]:
     files = {"shapes.py": SHAPES_MODULE, "tests/test_shapes.py": SHAPES_TESTS}
     commit = build_history(root / "repo", [CommitSpec(when=when, message="shapes", files=files)])
     return root / "repo", commit
+
+
+def one_commit_place(root: Path, files: dict[str, str]) -> VerifyPlace:
+    """Where generated tests are judged: a repository of one commit holding `files`, one sandbox run each."""
+    repo = root / "repo"
+    day = CommitSpec(when=datetime(2026, 11, 3, tzinfo=UTC), message="day 3", files=files)
+    return VerifyPlace(
+        repo=repo,
+        commit=build_history(repo, [day]),
+        limits=SandboxLimits(timeout_s=30, memory_mb=768, runs=1),
+        isolation=detect_isolation(),
+    )

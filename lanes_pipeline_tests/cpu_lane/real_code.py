@@ -40,3 +40,15 @@ def package_sources(package: str) -> dict[str, str]:
         and not path.startswith(_NOT_CODE)
         and path != "setup.py"
     }
+
+
+SAMPLE = Path(__file__).parents[2] / "lanes_pipeline" / "repos" / "sample_repo"
+
+
+def case_source(where: str) -> str:
+    """The module a hand-labelled case names: `sample:<day>/<file>` (the shipped sample repository) or
+    `<package-version>:<path in the sdist>`."""
+    origin, path = where.split(":", 1)
+    if origin == "sample":
+        return (SAMPLE / path).read_text(encoding="utf-8")
+    return package_sources(origin)[path]

@@ -14,12 +14,9 @@ is out of these checks' reach and is not labelled here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-from lanes_pipeline_tests.cpu_lane.real_code import package_sources
-
-SAMPLE = Path(__file__).parents[3] / "lanes_pipeline" / "repos" / "sample_repo"
+from lanes_pipeline_tests.cpu_lane.real_code import case_source
 
 
 @dataclass(frozen=True)
@@ -32,10 +29,7 @@ class Case:
     section: str = ""  # for a refusal: the section a problem must name (Args, Raises, Returns, ...)
 
     def source(self) -> str:
-        origin, path = self.where.split(":", 1)
-        if origin == "sample":
-            return (SAMPLE / path).read_text(encoding="utf-8")
-        return package_sources(origin)[path]
+        return case_source(self.where)
 
 
 MATH = "sample:day3/mathbits.py"

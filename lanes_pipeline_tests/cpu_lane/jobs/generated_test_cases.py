@@ -13,12 +13,10 @@ so (`gate_refuses`) and counts against the share of merges accepted.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-from lanes_pipeline_tests.cpu_lane.real_code import package_sources
+from lanes_pipeline_tests.cpu_lane.real_code import case_source
 
-SAMPLE = Path(__file__).parents[3] / "lanes_pipeline" / "repos" / "sample_repo"
 # A refusal's stage: what the verdict's status and the start of its reason say.
 Stage = Literal["trivial", "unintended_exception", "survives_mutant", "fails_on_commit"]
 
@@ -42,10 +40,7 @@ class TestCase:
         return self.where.split(":", 1)[1].removeprefix("day3/").removeprefix("src/")
 
     def source(self) -> str:
-        origin, path = self.where.split(":", 1)
-        if origin == "sample":
-            return (SAMPLE / path).read_text(encoding="utf-8")
-        return package_sources(origin)[path]
+        return case_source(self.where)
 
 
 MATH = "sample:day3/mathbits.py"

@@ -5,15 +5,11 @@ at least nine in ten)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 
 from lanes_pipeline.cpu_lane.jobs.oracle_tests import VerifyPlace, gate_test_code, verify_code
-from lanes_pipeline.git import CommitSpec, build_history
 from lanes_pipeline.repos.symbols import Symbol, all_symbols, scan_repo
-from lanes_pipeline.sandbox.isolation import detect_isolation
-from lanes_pipeline.settings import SandboxLimits
+from lanes_pipeline_tests.cpu_lane.fixtures import one_commit_place
 from lanes_pipeline_tests.cpu_lane.jobs.generated_test_cases import TEST_CASES, TestCase
 from lanes_pipeline_tests.cpu_lane.real_code import package_sources
 
@@ -24,14 +20,7 @@ MODULES |= {p.removeprefix("src/"): t for p, t in package_sources("cachetools-5.
 
 @pytest.fixture(scope="module")
 def place(tmp_path_factory: pytest.TempPathFactory) -> VerifyPlace:
-    repo = tmp_path_factory.mktemp("cases") / "repo"
-    day = CommitSpec(when=datetime(2026, 11, 3, tzinfo=UTC), message="real code", files=MODULES)
-    return VerifyPlace(
-        repo=repo,
-        commit=build_history(repo, [day]),
-        limits=SandboxLimits(timeout_s=30, memory_mb=768, runs=1),
-        isolation=detect_isolation(),
-    )
+    return one_commit_place(tmp_path_factory.mktemp("cases"), MODULES)
 
 
 def target(case: TestCase) -> Symbol:

@@ -34,7 +34,7 @@ from lanes_pipeline.repos.scan import symbols_at
 from lanes_pipeline.repos.symbols import Symbol, all_symbols, scan_repo
 from lanes_pipeline.sandbox.isolation import detect_isolation
 from lanes_pipeline.settings import SandboxLimits, Settings
-from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, private_cpu_server
+from lanes_pipeline_tests.cpu_lane.fixtures import batch_config, one_commit_place, private_cpu_server
 
 DAY3 = Path(sample_repo.__file__).parent / "day3"
 # The sample's first modules (textstats, slug) and their tests: what these tests were written against.
@@ -206,15 +206,7 @@ MATHBITS_MAP = "mathbits.py: clamp, is_prime, gcd, lcm, digit_sum, mean, median,
 
 @pytest.fixture(scope="module")
 def mathbits_place(tmp_path_factory: pytest.TempPathFactory) -> VerifyPlace:
-    repo = tmp_path_factory.mktemp("mathbits") / "repo"
-    files = {"mathbits.py": MATHBITS, "parse.py": PARSE}
-    day = CommitSpec(when=datetime(2026, 11, 3, tzinfo=UTC), message="day 3", files=files)
-    return VerifyPlace(
-        repo=repo,
-        commit=build_history(repo, [day]),
-        limits=SandboxLimits(timeout_s=30, memory_mb=768, runs=1),
-        isolation=detect_isolation(),
-    )
+    return one_commit_place(tmp_path_factory.mktemp("mathbits"), {"mathbits.py": MATHBITS, "parse.py": PARSE})
 
 
 # `int()` raises ValueError on its own as well as the guard does: a test of "x" proves no guard.
