@@ -19,6 +19,7 @@ from lanes_pipeline.sandbox.build_outputs import (
     version_from_describe,
     version_module,
     version_tuple,
+    write_build_outputs,
 )
 from lanes_pipeline.sandbox.isolation import detect_isolation, export_commit, open_sandbox
 from lanes_pipeline.settings import SandboxLimits
@@ -96,3 +97,17 @@ def test_the_sandbox_imports_the_checkout_as_if_it_were_installed(checkout: tupl
         result = sandbox.run([sys.executable, "-c", IMPORT])
         assert result.returncode == 0, result.output
         assert result.output.strip().splitlines()[-1] == "3.13.1 3.13.1"
+
+
+def test_a_version_file_behind_a_link_out_of_the_export_is_not_written(tmp_path: Path) -> None:
+    """A hostile pyproject.toml names a version file inside a folder its tree links elsewhere."""
+    outside, worktree = tmp_path / "outside", tmp_path / "export"
+    outside.mkdir()
+    worktree.mkdir()
+    (worktree / "out").symlink_to(outside)
+    (worktree / "pyproject.toml").write_text('[tool.setuptools_scm]\nversion_file = "out/deep/_v.py"\n')
+    repo = tmp_path / "repo"
+    build_history(repo, [CommitSpec(when=datetime(2026, 11, 1, tzinfo=UTC), message="x", files={"a.py": ""})])
+    outputs = write_build_outputs(repo, git(repo, "rev-parse", "HEAD").decode().strip(), worktree)
+    assert "out/deep/_v.py" in outputs.files  # read, and refused at the write
+    assert list(outside.iterdir()) == [] and not (worktree / "out" / "deep").exists()
