@@ -25,6 +25,7 @@ import ast
 import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -36,8 +37,9 @@ from lanes_pipeline.cpu_lane.batching.batch_models import BatchRequest, ItemResu
 from lanes_pipeline.cpu_lane.jobs.exception_tests import (
     REMOVE_RAISES_SURVIVED,
     UNINTENDED,
+    among_deliberate,
+    deliberate_raises,
     expected_exceptions,
-    raised_on_purpose,
     unintended_exception_problem,
 )
 from lanes_pipeline.cpu_lane.jobs.oracles import (
@@ -299,8 +301,13 @@ def _pytest_with(python: str | None) -> Callable[[Sandbox, Sequence[str], int], 
 
 
 def module_source(place: VerifyPlace, symbol: Symbol) -> str:
-    """The symbol's module at the day's commit, as committed."""
-    return git(place.repo, "show", f"{place.commit}:{symbol.path}").decode("utf-8")
+    """The symbol's module at the day's commit, as committed (read once per file and commit)."""
+    return _blob_text(place.repo, place.commit, symbol.path)
+
+
+@lru_cache(maxsize=256)
+def _blob_text(repo: Path, commit: str, path: str) -> str:
+    return git(repo, "show", f"{commit}:{path}").decode("utf-8")
 
 
 def verify_code(place: VerifyPlace, symbol: Symbol, code: str) -> tuple[AnswerStatus, str]:
@@ -388,9 +395,8 @@ def verify_answer(
         details = "; ".join(sorted({o.detail or o.status for o in run.observations}))
         return AnswerVerdict(status="no_usable_result", reason=details[:600], **common)
     source = module_source(place, symbol)
-    on_purpose = [
-        o for o in run.usable if o.status == "value" or raised_on_purpose(source, symbol.name, o.exception)
-    ]
+    raised = deliberate_raises(source, symbol.name)  # read once for every call of the answer
+    on_purpose = [o for o in run.usable if o.status == "value" or among_deliberate(raised, o.exception)]
     left_out = [o.call for o in run.usable if o not in on_purpose]
     if not on_purpose:
         raised = sorted({o.exception for o in run.usable})
